@@ -1,0 +1,48 @@
+# gpuslice: `make run` and `make test` work on a fresh machine (Python 3.11+, Go for the control plane).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+POLICIES ?= random,dotprod,clustering,packing,bestfit,fgd,fgd-lookahead
+SEEDS ?= 42-51
+
+.PHONY: run test venv lint typecheck test-unit test-integration test-e2e control-plane bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+run: $(STAMP)
+	mkdir -p out
+	$(PY) -m gpuslice simulate --policy $(POLICIES) --seeds $(SEEDS) --tune 1.3 --plot out/allocation.png
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/lint-imports
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit -m unit -q
+
+control-plane:
+	bash hack/control-plane/build.sh
+
+test-integration: $(STAMP) control-plane
+	$(PY) -m pytest tests/integration -m integration -q
+
+test: lint typecheck test-unit test-integration
+
+bench: $(STAMP)
+	$(PY) -m bench.run_all
+
+clean:
+	rm -rf $(VENV) out

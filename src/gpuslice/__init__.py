@@ -1,0 +1,8 @@
+"""gpuslice: a Kubernetes GPU scheduler extender with HAMi-compatible fractional GPU placement.
+
+Layers (enforced by import-linter, see pyproject.toml):
+``model`` (frozen types) -> ``codec`` / ``policy`` (pure) -> ``cache`` (the only mutable state)
+-> ``kube`` (all API I/O) -> ``extender``, ``agent``, ``sim``, ``devcluster`` -> ``cli``.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Frozen value types shared by every layer: devices, nodes, topology, requests, allocations, status."""

@@ -1,0 +1,89 @@
+"""What a pod was given: per container, the cards and the memory/cores taken on each."""
+
+from __future__ import annotations
+
+import msgspec
+
+from gpuslice.model import devices, nodes
+
+
+class DeviceGrant(msgspec.Struct, frozen=True):
+    """One card given to one container (HAMi's ``ContainerDevice``)."""
+
+    uuid: str
+    memory_mib: int
+    cores: int
+    vendor: str = devices.VENDOR_NVIDIA
+
+
+ContainerAllocation = tuple[DeviceGrant, ...]
+"""The cards of one container; empty for a container without GPUs."""
+
+
+class PodAllocation(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod's placement: the node and one entry per container, init containers first.
+
+    Attributes:
+        node: the node name.
+        containers: per container (init containers first, then app containers), its grants.
+        init_count: how many of ``containers`` are init containers.
+        cpu_milli: host CPU reserved (simulator only; 0 in the extender).
+        memory_mib: host memory reserved (simulator only; 0 in the extender).
+    """
+
+    node: str
+    containers: tuple[ContainerAllocation, ...]
+    init_count: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+def card_reservation(alloc: PodAllocation) -> dict[str, nodes.CardUsage]:
+    """Usage a pod holds per card UUID, with HAMi's init-container rule.
+
+    Init containers run one at a time, so each card is charged the peak over init containers,
+    while app containers are summed: memory and cores = max(init peak, app sum) and
+    slots = max(1, app occurrences) on every card the pod touches.
+    """
+    init_peak: dict[str, tuple[int, int]] = {}
+    app_sum: dict[str, tuple[int, int, int]] = {}
+    for position, grants in enumerate(alloc.containers):
+        if position < alloc.init_count:
+            for g in grants:
+                mem, cores = init_peak.get(g.uuid, (0, 0))
+                init_peak[g.uuid] = (max(mem, g.memory_mib), max(cores, g.cores))
+        else:
+            for g in grants:
+                mem, cores, slots = app_sum.get(g.uuid, (0, 0, 0))
+                app_sum[g.uuid] = (mem + g.memory_mib, cores + g.cores, slots + 1)
+    out: dict[str, nodes.CardUsage] = {}
+    for uuid in init_peak.keys() | app_sum.keys():
+        imem, icores = init_peak.get(uuid, (0, 0))
+        amem, acores, aslots = app_sum.get(uuid, (0, 0, 0))
+        out[uuid] = nodes.CardUsage(slots=max(1, aslots), memory_mib=max(imem, amem), cores=max(icores, acores))
+    return out
+
+
+def apply(state: nodes.NodeState, alloc: PodAllocation, sign: int = 1) -> nodes.NodeState:
+    """The node state with a pod's reservation added (sign=1) or removed (sign=-1).
+
+    Grants on UUIDs the node does not have are ignored (the caller reports them).
+    """
+    per_card = card_reservation(alloc)
+    usage = list(state.usage)
+    for i, dev in enumerate(state.inventory.devices):
+        r = per_card.get(dev.uuid)
+        if r is None:
+            continue
+        u = usage[i]
+        usage[i] = nodes.CardUsage(
+            slots=u.slots + sign * r.slots,
+            memory_mib=u.memory_mib + sign * r.memory_mib,
+            cores=u.cores + sign * r.cores,
+        )
+    return nodes.NodeState(
+        inventory=state.inventory,
+        usage=tuple(usage),
+        cpu_used_milli=state.cpu_used_milli + sign * alloc.cpu_milli,
+        memory_used_mib=state.memory_used_mib + sign * alloc.memory_mib,
+    )

@@ -1,0 +1,101 @@
+"""A node's GPU inventory (what it registered) and its state (inventory plus per-card usage)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from gpuslice.model import devices, topology
+
+
+class CardTelemetry(msgspec.Struct, frozen=True, kw_only=True):
+    """Slow-moving health and load readings of one card, published by the node agent."""
+
+    uuid: str
+    temperature_c: float | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    utilization_pct: float | None = None
+    memory_used_mib: int | None = None
+
+
+class NodeInventory(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a node tells the scheduler about its GPUs.
+
+    Attributes:
+        name: node name.
+        devices: registered cards, in registration order.
+        topology: pairwise links, when the node published them.
+        cordoned: UUIDs excluded from new allocations (``hami.io/device-cordon``).
+        telemetry: per-card readings, when the agent published them.
+        cpu_milli: allocatable CPU, when tracked (the simulator tracks it; the extender leaves
+            host resources to kube-scheduler and keeps 0 = untracked).
+        memory_mib: allocatable host memory, when tracked (0 = untracked).
+    """
+
+    name: str
+    devices: tuple[devices.GpuDevice, ...] = ()
+    topology: topology.Topology | None = None
+    cordoned: frozenset[str] = frozenset()
+    telemetry: tuple[CardTelemetry, ...] = ()
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def model(self) -> str:
+        """The model name of the first card ('' for a node without GPUs)."""
+        return self.devices[0].type if self.devices else ""
+
+
+class CardUsage(msgspec.Struct, frozen=True):
+    """What is taken on one card: slots (tasks), memory MiB and cores (percent)."""
+
+    slots: int = 0
+    memory_mib: int = 0
+    cores: int = 0
+
+
+EMPTY_CARD = CardUsage()
+
+
+class NodeState(msgspec.Struct, frozen=True, kw_only=True):
+    """A node as policies judge it: its inventory and what is in use on each card.
+
+    ``usage[i]`` belongs to ``inventory.devices[i]``.
+    """
+
+    inventory: NodeInventory
+    usage: tuple[CardUsage, ...]
+    cpu_used_milli: int = 0
+    memory_used_mib: int = 0
+
+    @property
+    def name(self) -> str:
+        """The node name."""
+        return self.inventory.name
+
+    def free_memory(self, i: int) -> int:
+        """Free memory of card i in MiB (negative if overcommitted by an external change)."""
+        return self.inventory.devices[i].memory_mib - self.usage[i].memory_mib
+
+    def free_cores(self, i: int) -> int:
+        """Free cores of card i in percent of its registered core capacity."""
+        return self.inventory.devices[i].cores - self.usage[i].cores
+
+    def free_slots(self, i: int) -> int:
+        """Free task slots of card i."""
+        return self.inventory.devices[i].split_count - self.usage[i].slots
+
+    @property
+    def cpu_free_milli(self) -> int:
+        """Free CPU (only meaningful when the inventory tracks CPU)."""
+        return self.inventory.cpu_milli - self.cpu_used_milli
+
+    @property
+    def memory_free_mib(self) -> int:
+        """Free host memory (only meaningful when the inventory tracks it)."""
+        return self.inventory.memory_mib - self.memory_used_mib
+
+
+def empty_state(inventory: NodeInventory) -> NodeState:
+    """A node with nothing allocated."""
+    return NodeState(inventory=inventory, usage=tuple(EMPTY_CARD for _ in inventory.devices))

@@ -1,0 +1,114 @@
+"""A pod's GPU request, in HAMi's semantics (hami-protocol.md section 3).
+
+The parsing functions that build these from container resources live in
+``gpuslice.codec.resources``; this module only holds the frozen types and their arithmetic.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+MEMORY_PERCENTAGE_UNSET = 101
+"""HAMi's sentinel: no percentage given (memory comes from ``memory_mib``)."""
+
+
+class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What one container asks of each of its cards (HAMi's ``ContainerDeviceRequest``).
+
+    Attributes:
+        count: physical cards; each must be a different card.
+        memory_mib: MiB per card (already multiplied by ``memoryFactor``); 0 when given as a
+            percentage.
+        memory_percentage: percent of each card's registered memory, or
+            ``MEMORY_PERCENTAGE_UNSET`` when ``memory_mib`` applies.
+        cores: percent of each card's SMs; values above 100 are clamped to 100 at fit.
+    """
+
+    count: int
+    memory_mib: int = 0
+    memory_percentage: int = MEMORY_PERCENTAGE_UNSET
+    cores: int = 0
+
+    def memory_on(self, card_memory_mib: int) -> int:
+        """MiB this request takes on a card with the given registered memory."""
+        if self.memory_mib > 0 or self.memory_percentage == MEMORY_PERCENTAGE_UNSET:
+            return self.memory_mib
+        return card_memory_mib * self.memory_percentage // 100
+
+    @property
+    def cores_clamped(self) -> int:
+        """Cores per card as fit uses them (HAMi clamps to 100)."""
+        return min(self.cores, 100)
+
+    @property
+    def exclusive(self) -> bool:
+        """True for a whole-card request (100 cores): the card must be idle."""
+        return self.cores_clamped >= 100
+
+
+class Selectors(msgspec.Struct, frozen=True, kw_only=True):
+    """Card constraints from pod annotations (HAMi's names and gpuslice's aliases merged).
+
+    Attributes:
+        use_types: card type must contain one of these (case-insensitive substring); empty = any.
+        nouse_types: card type must contain none of these.
+        use_uuids: card UUID must be one of these; empty = any.
+        nouse_uuids: card UUID must be none of these.
+        numa_bind: all cards of a container on one NUMA node.
+        numa_node: a required NUMA node id for every card (``hami.io/numa-hint``).
+        mode: required card mode (``hami-core``, ``mig``, ``mps``), or None.
+    """
+
+    use_types: tuple[str, ...] = ()
+    nouse_types: tuple[str, ...] = ()
+    use_uuids: tuple[str, ...] = ()
+    nouse_uuids: tuple[str, ...] = ()
+    numa_bind: bool = False
+    numa_node: int | None = None
+    mode: str | None = None
+
+
+NO_SELECTORS = Selectors()
+
+
+class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the filter and the policies need to know about a pod.
+
+    Attributes:
+        namespace: pod namespace.
+        name: pod name.
+        uid: pod UID ('' when unknown, e.g. in the simulator).
+        containers: per container, init containers first, its request or None (no GPU).
+        init_count: how many of ``containers`` are init containers.
+        selectors: card constraints.
+        node_policy: per-pod node policy override (``hami.io/node-scheduler-policy``), or None.
+        card_policy: per-pod card policy override (``hami.io/gpu-scheduler-policy``), or None.
+        cpu_milli: host CPU request (tracked only by the simulator).
+        memory_mib: host memory request (tracked only by the simulator).
+    """
+
+    namespace: str = "default"
+    name: str = ""
+    uid: str = ""
+    containers: tuple[ContainerRequest | None, ...] = ()
+    init_count: int = 0
+    selectors: Selectors = NO_SELECTORS
+    node_policy: str | None = None
+    card_policy: str | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def wants_gpu(self) -> bool:
+        """True when any container asks for at least one card."""
+        return any(c is not None and c.count > 0 for c in self.containers)
+
+    @property
+    def app_containers(self) -> tuple[ContainerRequest | None, ...]:
+        """The app containers' requests (init containers excluded)."""
+        return self.containers[self.init_count :]
+
+    @property
+    def max_count(self) -> int:
+        """The largest card count any single container asks for."""
+        return max((c.count for c in self.containers if c is not None), default=0)

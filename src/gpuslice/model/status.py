@@ -1,0 +1,81 @@
+"""Scheduling outcomes as data: a small closed enum of codes plus reason constants.
+
+Codes follow kube-scheduler's framework: ``UNSCHEDULABLE`` means preemption (freeing capacity on the
+node) could help, ``UNRESOLVABLE`` means it cannot, and ``ERROR`` is reserved for surprises.
+Reasons are module constants, never formatted per call, so a simulator can afford them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class Code(enum.IntEnum):
+    """What the scheduler should do next with a node's outcome.
+
+    This list must stay in the order of kube-scheduler's codes it mirrors.
+    """
+
+    SUCCESS = 0
+    """The node (or card) fits."""
+    ERROR = 1
+    """An unexpected failure; the whole request fails."""
+    UNSCHEDULABLE = 2
+    """Does not fit now; freeing capacity (preemption, departures) could make it fit."""
+    UNRESOLVABLE = 3
+    """Cannot fit whatever is evicted (wrong type, too few cards, unregistered node)."""
+
+
+# Card- and node-level reasons. Each rejection carries exactly one of these.
+INSUFFICIENT_GPU_MEMORY = "InsufficientGPUMemory"
+INSUFFICIENT_GPU_CORES = "InsufficientGPUCores"
+INSUFFICIENT_GPU_COUNT = "InsufficientGPUCount"
+GPU_SLOTS_EXHAUSTED = "GPUSlotsExhausted"
+EXCLUSIVE_CONFLICT = "ExclusiveConflict"
+DEVICE_TYPE_MISMATCH = "DeviceTypeMismatch"
+UUID_FILTERED = "UUIDFiltered"
+DEVICE_UNHEALTHY = "DeviceUnhealthy"
+DEVICE_CORDONED = "DeviceCordoned"
+NUMA_UNSATISFIED = "NUMAUnsatisfied"
+QUOTA_EXCEEDED = "QuotaExceeded"
+NODE_UNREGISTERED = "NodeUnregistered"
+NODE_REGISTRATION_INVALID = "NodeRegistrationInvalid"
+INSUFFICIENT_CPU = "InsufficientCPU"
+INSUFFICIENT_HOST_MEMORY = "InsufficientHostMemory"
+INVALID_REQUEST = "InvalidRequest"
+
+ALL_REASONS: tuple[str, ...] = (
+    INSUFFICIENT_GPU_MEMORY,
+    INSUFFICIENT_GPU_CORES,
+    INSUFFICIENT_GPU_COUNT,
+    GPU_SLOTS_EXHAUSTED,
+    EXCLUSIVE_CONFLICT,
+    DEVICE_TYPE_MISMATCH,
+    UUID_FILTERED,
+    DEVICE_UNHEALTHY,
+    DEVICE_CORDONED,
+    NUMA_UNSATISFIED,
+    QUOTA_EXCEEDED,
+    NODE_UNREGISTERED,
+    NODE_REGISTRATION_INVALID,
+    INSUFFICIENT_CPU,
+    INSUFFICIENT_HOST_MEMORY,
+    INVALID_REQUEST,
+)
+
+
+class Status(msgspec.Struct, frozen=True):
+    """A node's filter outcome: a code and the reasons behind it (empty on success)."""
+
+    code: Code = Code.SUCCESS
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when the node fits."""
+        return self.code is Code.SUCCESS
+
+
+SUCCESS = Status()
