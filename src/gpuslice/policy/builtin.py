@@ -1,0 +1,1 @@
+"""Imports every module that registers a built-in policy, so the registry sees them all."""

@@ -1,0 +1,139 @@
+"""One registry of placement policies, at node level and at card level.
+
+A policy is an object with two pure methods:
+
+* ``score_node(state, pod, ctx) -> Scored``: how good the node is for the pod, an integer
+  0..``MAX_SCORE`` (higher is better) plus an optional secondary key for ties. Called only on
+  nodes that passed the filter.
+* ``choose_cards(state, request, eligible, ctx) -> tuple[int, ...] | None``: which of the
+  eligible cards (indices into ``state.inventory.devices``) one container gets; exactly
+  ``request.count`` of them, or None when the policy refuses every choice.
+
+The node policy and the card policy are chosen separately (config defaults, per-pod override by
+``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy``), so any registered policy can
+serve at either level. Unknown names fail when the registry is asked, i.e. at startup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol
+
+import msgspec
+import numpy as np
+
+from gpuslice.model import nodes, requests
+
+MAX_SCORE = 100
+"""Internal scores are integers in 0..MAX_SCORE; the extender rescales to 0..10 at the wire."""
+
+
+class Shape(msgspec.Struct, frozen=True):
+    """A pod shape of the target workload (FGD): per-GPU share, GPU count, CPU and model set.
+
+    Attributes:
+        cpu_milli: CPU request.
+        share_milli: per-GPU share in milli-GPU (1000 = a whole card; 0 for CPU-only shapes).
+        count: number of GPUs.
+        types: allowed models (empty = any).
+    """
+
+    cpu_milli: int
+    share_milli: int
+    count: int
+    types: tuple[str, ...] = ()
+
+
+class Workload(msgspec.Struct, frozen=True):
+    """A target workload: shapes with their probabilities (summing to 1)."""
+
+    shapes: tuple[Shape, ...]
+    weights: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Context:
+    """Inputs a policy may use besides the node and the pod. Nothing here is global.
+
+    Attributes:
+        workload: the target workload for fragmentation-aware policies (from the trace in the
+            simulator, from recently seen requests in the extender); None = not available.
+        rng: random source for the ``random`` policy; None = deterministic (first choice).
+        weights: optional per-policy numeric parameters (e.g. card-score weights).
+    """
+
+    workload: Workload | None = None
+    rng: np.random.Generator | None = None
+    weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+EMPTY_CONTEXT = Context()
+
+
+class Scored(NamedTuple):
+    """A node's score: integer 0..100, and a secondary key (higher wins) for ties."""
+
+    score: int
+    tiebreak: float = 0.0
+
+
+class Policy(Protocol):
+    """A placement policy (see the module docstring)."""
+
+    @property
+    def name(self) -> str:
+        """The registry name."""
+        ...
+
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: Context) -> Scored:
+        """Score a feasible node for the pod."""
+        ...
+
+    def choose_cards(
+        self,
+        state: nodes.NodeState,
+        request: requests.ContainerRequest,
+        eligible: tuple[int, ...],
+        ctx: Context,
+    ) -> tuple[int, ...] | None:
+        """Pick ``request.count`` cards among ``eligible`` for one container."""
+        ...
+
+
+PolicyFactory = Callable[[Mapping[str, float]], Policy]
+"""Builds a policy from its numeric arguments (validated at construction time)."""
+
+_FACTORIES: dict[str, PolicyFactory] = {}
+
+
+class UnknownPolicyError(ValueError):
+    """A policy name that is not registered."""
+
+
+def register(name: str, factory: PolicyFactory) -> None:
+    """Register a policy factory under a name (each module registers its policies on import)."""
+    if name in _FACTORIES:
+        raise ValueError(f"policy {name!r} registered twice")
+    _FACTORIES[name] = factory
+
+
+def names() -> tuple[str, ...]:
+    """All registered policy names, sorted."""
+    _load_builtin()
+    return tuple(sorted(_FACTORIES))
+
+
+def get(name: str, args: Mapping[str, float] | None = None) -> Policy:
+    """Build the policy registered under ``name``; raises ``UnknownPolicyError`` if none is."""
+    _load_builtin()
+    try:
+        factory = _FACTORIES[name]
+    except KeyError:
+        raise UnknownPolicyError(f"scoring policy {name!r} is not supported; known: {', '.join(names())}") from None
+    return factory(args or {})
+
+
+def _load_builtin() -> None:
+    """Import the modules that register the built-in policies (idempotent)."""
+    from gpuslice.policy import builtin  # noqa: F401  (imported for its registrations)
