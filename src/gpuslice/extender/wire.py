@@ -1,0 +1,156 @@
+"""kube-scheduler's extender wire types (``k8s.io/kube-scheduler/extender/v1``) as msgspec Structs.
+
+The Go structs have no JSON tags, so keys are the Go field names in PascalCase; ``rename="pascal"``
+produces them, except for ``PodUID``, ``NumPDBViolations`` and ``UID``, which are named explicitly.
+Inside ``Pod`` the keys are ordinary API camelCase and only the fields gpuslice reads are decoded
+(unknown fields are ignored: Kubernetes adds fields). There is one typed ``Decoder`` per endpoint.
+
+Scores are converted from the policies' 0..100 to the extender's 0..10 here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gpuslice.policy import registry
+
+MAX_EXTENDER_PRIORITY = 10
+"""kube-scheduler's ``MaxExtenderPriority``; it multiplies our score by ``weight x 10``."""
+
+
+class ResourceRequirements(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A container's ``resources`` (quantities stay strings, as the API encodes them)."""
+
+    requests: dict[str, str] | None = None
+    limits: dict[str, str] | None = None
+
+
+class Container(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A container, only its name and resources."""
+
+    name: str = ""
+    resources: ResourceRequirements | None = None
+
+
+class PodSpec(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """The parts of ``spec`` the extender reads."""
+
+    containers: list[Container] = msgspec.field(default_factory=list)
+    init_containers: list[Container] | None = None
+    node_name: str | None = None
+    scheduler_name: str | None = None
+
+
+class ObjectMeta(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The parts of ``metadata`` the extender reads."""
+
+    name: str = ""
+    namespace: str = "default"
+    uid: str = ""
+    annotations: dict[str, str] | None = None
+    labels: dict[str, str] | None = None
+
+
+class Pod(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A ``v1.Pod`` reduced to what the GPU request parser needs."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The pod as an API-shaped dict (camelCase keys), for ``codec.resources.parse_pod``."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        out.setdefault("metadata", {})["namespace"] = self.metadata.namespace
+        return out
+
+
+class ExtenderArgs(msgspec.Struct, frozen=True, rename="pascal"):
+    """The body of ``filter`` and ``prioritize`` (``Nodes`` is unused: nodeCacheCapable)."""
+
+    pod: Pod
+    node_names: list[str] | None = None
+
+
+class ExtenderFilterResult(msgspec.Struct, rename="pascal"):
+    """The ``filter`` answer. ``NodeNames`` is always a list (explicit ``[]`` when nothing fits)."""
+
+    node_names: list[str]
+    failed_nodes: dict[str, str]
+    failed_and_unresolvable_nodes: dict[str, str]
+    error: str = ""
+
+
+class HostPriority(msgspec.Struct, rename="pascal"):
+    """One node's score in the ``prioritize`` answer (a bare JSON array of these)."""
+
+    host: str
+    score: int
+
+
+class ExtenderBindingArgs(msgspec.Struct, frozen=True, rename="pascal"):
+    """The body of ``bind``."""
+
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str = msgspec.field(name="PodUID")
+    node: str = ""
+
+
+class ExtenderBindingResult(msgspec.Struct, rename="pascal"):
+    """The ``bind`` answer; a non-empty ``Error`` makes the scheduler unreserve and requeue."""
+
+    error: str = ""
+
+
+class MetaPod(msgspec.Struct, frozen=True):
+    """A victim, by UID."""
+
+    uid: str = msgspec.field(name="UID")
+
+
+class MetaVictims(msgspec.Struct, rename="pascal"):
+    """Victims on one node, by UID."""
+
+    pods: list[MetaPod] = msgspec.field(default_factory=list)
+    num_pdb_violations: int = msgspec.field(default=0, name="NumPDBViolations")
+
+
+class ExtenderPreemptionArgs(msgspec.Struct, frozen=True, rename="pascal"):
+    """The body of ``preempt`` (nodeCacheCapable: victims by UID)."""
+
+    pod: Pod
+    node_name_to_meta_victims: dict[str, MetaVictims] | None = None
+
+
+class ExtenderPreemptionResult(msgspec.Struct, rename="pascal"):
+    """The ``preempt`` answer."""
+
+    node_name_to_meta_victims: dict[str, MetaVictims]
+
+
+FILTER_DECODER = msgspec.json.Decoder(ExtenderArgs)
+PRIORITIZE_DECODER = FILTER_DECODER
+BIND_DECODER = msgspec.json.Decoder(ExtenderBindingArgs)
+PREEMPT_DECODER = msgspec.json.Decoder(ExtenderPreemptionArgs)
+ENCODER = msgspec.json.Encoder()
+
+
+def to_extender_score(score: int) -> int:
+    """Map an internal score 0..``registry.MAX_SCORE`` to the extender's 0..10, rounding half up.
+
+    Out-of-range inputs are clamped, since kube-scheduler adds the value without validation.
+    """
+    clamped = min(max(score, 0), registry.MAX_SCORE)
+    return (clamped * MAX_EXTENDER_PRIORITY * 2 + registry.MAX_SCORE) // (2 * registry.MAX_SCORE)
+
+
+def priorities(scores: dict[str, int]) -> list[HostPriority]:
+    """The ``prioritize`` answer from internal 0..100 scores, in the input order."""
+    return [HostPriority(host=name, score=to_extender_score(s)) for name, s in scores.items()]
