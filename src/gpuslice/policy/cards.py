@@ -1,0 +1,81 @@
+"""Per-card eligibility: the one reason a card cannot take a container's request, or None.
+
+Checks run in a fixed order and the first failing one names the card's reason:
+
+1. ``DEVICE_UNHEALTHY`` - the card reported a fault.
+2. ``DEVICE_CORDONED`` - the UUID is in the node's cordon list.
+3. ``DEVICE_TYPE_MISMATCH`` - use/nouse types (case-insensitive substring) or the mode differ.
+4. ``UUID_FILTERED`` - use/nouse UUIDs exclude the card.
+5. ``NUMA_UNSATISFIED`` - a NUMA hint names another NUMA node.
+6. ``GPU_SLOTS_EXHAUSTED`` - every slot is taken.
+7. ``EXCLUSIVE_CONFLICT`` - an exclusive (100-core) request on a card in use, or any request on a
+   card *held exclusively*, i.e. in use with all of its cores taken (HAMi's
+   ``ExclusiveDeviceAllocateConflict`` and ``CardComputeUnitsExhausted``).
+8. ``INSUFFICIENT_GPU_MEMORY`` then 9. ``INSUFFICIENT_GPU_CORES``.
+
+Quota (``QUOTA_EXCEEDED``) is checked by ``fit`` after these, since it depends on the whole pod.
+"""
+
+from __future__ import annotations
+
+from gpuslice.model import devices, nodes, requests, status
+
+
+def type_matches(card_type: str, selectors: requests.Selectors) -> bool:
+    """True when a card type passes use/nouse type selectors (case-insensitive substrings)."""
+    t = card_type.lower()
+    if selectors.use_types and not any(u.lower() in t for u in selectors.use_types if u):
+        return False
+    return not any(n.lower() in t for n in selectors.nouse_types if n)
+
+
+def static_reason(
+    dev: devices.GpuDevice, cordoned: frozenset[str], selectors: requests.Selectors
+) -> str | None:
+    """Reasons that do not depend on usage (freeing capacity never helps these)."""
+    if not dev.health:
+        return status.DEVICE_UNHEALTHY
+    if dev.uuid in cordoned:
+        return status.DEVICE_CORDONED
+    if selectors is not requests.NO_SELECTORS:
+        if (selectors.use_types or selectors.nouse_types) and not type_matches(dev.type, selectors):
+            return status.DEVICE_TYPE_MISMATCH
+        if selectors.mode is not None and selectors.mode != dev.mode:
+            return status.DEVICE_TYPE_MISMATCH
+        if (selectors.use_uuids and dev.uuid not in selectors.use_uuids) or dev.uuid in selectors.nouse_uuids:
+            return status.UUID_FILTERED
+        if selectors.numa_node is not None and selectors.numa_node != dev.numa:
+            return status.NUMA_UNSATISFIED
+    return None
+
+
+def held_exclusively(dev: devices.GpuDevice, usage: nodes.CardUsage) -> bool:
+    """True when a card is in use and all of its cores are taken: nothing else may join it."""
+    return usage.slots > 0 and dev.cores > 0 and usage.cores >= dev.cores
+
+
+def capacity_reason(
+    dev: devices.GpuDevice, usage: nodes.CardUsage, memory: int, cores: int, exclusive: bool
+) -> str | None:
+    """Reasons that depend on what is in use (freeing capacity could help these)."""
+    if usage.slots >= dev.split_count:
+        return status.GPU_SLOTS_EXHAUSTED
+    if usage.slots > 0 and (exclusive or (dev.cores > 0 and usage.cores >= dev.cores)):
+        return status.EXCLUSIVE_CONFLICT
+    if dev.memory_mib - usage.memory_mib < memory:
+        return status.INSUFFICIENT_GPU_MEMORY
+    if dev.cores - usage.cores < cores:
+        return status.INSUFFICIENT_GPU_CORES
+    return None
+
+
+def admits(dev: devices.GpuDevice, usage: nodes.CardUsage, add: nodes.CardUsage) -> str | None:
+    """Whether a card can take a pod's whole reservation ``add`` on top of ``usage`` (for the cache).
+
+    The reservation is judged as one task asking ``add.memory_mib`` and ``add.cores``, exclusive
+    when it takes all of the card's cores; it must also fit ``add.slots`` slots.
+    """
+    if usage.slots + add.slots > dev.split_count:
+        return status.GPU_SLOTS_EXHAUSTED
+    exclusive = add.cores >= min(dev.cores, devices.FULL_CORES) > 0
+    return capacity_reason(dev, usage, add.memory_mib, add.cores, exclusive)

@@ -1,0 +1,76 @@
+"""Weighted device usage shared by ``binpack`` and ``spread``.
+
+Usage of a card = ``w_mem * memory_ratio + w_cores * cores_ratio`` with default weights 0.6 and 0.4
+(normalised to sum 1); a ratio whose capacity is 0 counts 0, and ratios are capped at 1.
+
+* Card key (card choice): the card's usage *after* the request is placed on it.
+* Node score (0..100): the node's usage after placing the pod, from its totals over all cards:
+  ``floor(100 * (w_mem * min(1, (used_mem + pod_mem) / total_mem)
+  + w_cores * min(1, (used_cores + pod_cores) / total_cores)) + 0.5)``, where the pod's memory
+  uses the first card's size for percentage requests. Where the pod lands on the node does not
+  change its totals, so the node score needs no card choice (``batch`` computes it vectorised).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from gpuslice.model import nodes, requests
+from gpuslice.policy import fit, registry
+
+DEFAULT_MEMORY_WEIGHT = 0.6
+DEFAULT_CORES_WEIGHT = 0.4
+
+
+def weights(args: Mapping[str, float]) -> tuple[float, float]:
+    """Memory and cores weights from policy args ``memory`` / ``cores``, normalised to sum 1."""
+    unknown = set(args) - {"memory", "cores"}
+    if unknown:
+        raise ValueError(f"unknown usage weights {sorted(unknown)}")
+    wm = float(args.get("memory", DEFAULT_MEMORY_WEIGHT))
+    wc = float(args.get("cores", DEFAULT_CORES_WEIGHT))
+    if wm < 0 or wc < 0 or wm + wc <= 0:
+        raise ValueError("usage weights must be non-negative with a positive sum")
+    return wm / (wm + wc), wc / (wm + wc)
+
+
+def _ratio(used: int, total: int) -> float:
+    return 0.0 if total <= 0 else min(1.0, used / total)
+
+
+def card_key(state: nodes.NodeState, i: int, req: requests.ContainerRequest, wm: float, wc: float) -> float:
+    """Usage of card i after the request is placed on it."""
+    dev = state.inventory.devices[i]
+    u = state.usage[i]
+    return wm * _ratio(u.memory_mib + req.memory_on(dev.memory_mib), dev.memory_mib) + wc * _ratio(
+        u.cores + req.cores_clamped, dev.cores
+    )
+
+
+def node_usage_score(state: nodes.NodeState, pod: requests.PodRequest, wm: float, wc: float) -> int:
+    """The node's weighted usage after placing the pod, as an integer 0..100."""
+    devs = state.inventory.devices
+    if not devs:
+        return 0
+    total_mem = sum(d.memory_mib for d in devs)
+    total_cores = sum(d.cores for d in devs)
+    used_mem = sum(u.memory_mib for u in state.usage)
+    used_cores = sum(u.cores for u in state.usage)
+    pod_mem, pod_cores = fit.demand(pod, devs[0].memory_mib)
+    u = wm * _ratio(used_mem + pod_mem, total_mem) + wc * _ratio(used_cores + pod_cores, total_cores)
+    return min(registry.MAX_SCORE, math.floor(registry.MAX_SCORE * u + 0.5))
+
+
+def choose_by_key(
+    state: nodes.NodeState,
+    req: requests.ContainerRequest,
+    eligible: tuple[int, ...],
+    wm: float,
+    wc: float,
+    fullest: bool,
+) -> tuple[int, ...]:
+    """The ``req.count`` fullest (or emptiest) eligible cards; ties by card index."""
+    sign = -1.0 if fullest else 1.0
+    ranked = sorted(eligible, key=lambda i: (sign * card_key(state, i, req, wm, wc), i))
+    return tuple(ranked[: req.count])
