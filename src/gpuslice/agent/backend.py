@@ -1,0 +1,177 @@
+"""What the node agent asks of NVML: plain records and a small ``Backend`` protocol.
+
+Two backends implement the protocol: ``agent.nvml`` (the real driver through nvidia-ml-py, the only
+module that imports ``pynvml``) and ``agent.fake`` (recorded machine shapes). Everything above the
+protocol (discovery, health, publishing) is the same code for both.
+
+Records carry raw NVML values (PCIe level numbers, P2P status codes, bus ids as NVML writes them);
+a field is ``None`` when the card does not support the call. Interpreting them is
+``agent.discover``'s job.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol
+
+import msgspec
+
+P2P_STATUS_OK = 0
+"""``NVML_P2P_STATUS_OK``; every other status means the capability is missing."""
+
+P2P_CAP_READ = 0
+P2P_CAP_WRITE = 1
+P2P_CAP_NVLINK = 2
+
+REMOTE_GPU = 0
+"""``NVML_NVLINK_DEVICE_TYPE_GPU``: the link ends on another GPU (direct link or bridge)."""
+REMOTE_IBMNPU = 1
+REMOTE_SWITCH = 2
+"""``NVML_NVLINK_DEVICE_TYPE_SWITCH``: the link ends on an NVSwitch."""
+
+
+class GpuRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One card as NVML enumerates it.
+
+    Attributes:
+        index: NVML device number.
+        uuid: NVML UUID (``GPU-...``).
+        name: NVML product name, e.g. ``NVIDIA H100 80GB HBM3`` or ``Tesla T4``.
+        memory_total_mib: total framebuffer memory in MiB.
+        pci_bus_id: bus id as NVML returns it, e.g. ``00000000:18:00.0``.
+        numa_node: NUMA node of the card; None when unknown (unsupported or no NUMA).
+        mig_enabled: current MIG mode; None when the card has no MIG.
+    """
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: int
+    pci_bus_id: str
+    numa_node: int | None = None
+    mig_enabled: bool | None = None
+
+
+class NvLinkRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One active NVLink of a card.
+
+    Attributes:
+        link: link number (0..35).
+        remote_bus_id: PCI bus id of the far end (a GPU, or an NVSwitch).
+        remote_type: ``REMOTE_GPU``, ``REMOTE_IBMNPU`` or ``REMOTE_SWITCH``.
+    """
+
+    link: int
+    remote_bus_id: str
+    remote_type: int = REMOTE_GPU
+
+
+class PairRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What NVML says about an ordered pair of cards.
+
+    Attributes:
+        a: index of the first card.
+        b: index of the second card.
+        common_ancestor: ``nvmlGpuTopologyLevel_t`` value (0..50); None when unsupported.
+        p2p_read: ``nvmlGpuP2PStatus_t`` for read; None when unsupported.
+        p2p_write: ``nvmlGpuP2PStatus_t`` for write; None when unsupported.
+    """
+
+    a: int
+    b: int
+    common_ancestor: int | None = None
+    p2p_read: int | None = None
+    p2p_write: int | None = None
+
+
+class TelemetryRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Slow-moving readings of one card; None where the card does not report them."""
+
+    index: int
+    temperature_c: float | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    utilization_pct: float | None = None
+    memory_used_mib: int | None = None
+
+
+class EventKind(enum.Enum):
+    """The NVML event types the health watcher registers for."""
+
+    XID = "xid"
+    """``nvmlEventTypeXidCriticalError``; the XID is in ``DeviceEvent.xid``."""
+    DOUBLE_BIT_ECC = "double-bit-ecc"
+    SINGLE_BIT_ECC = "single-bit-ecc"
+    GPU_UNAVAILABLE = "gpu-unavailable"
+    FATAL_POISON = "fatal-poison"
+    OTHER = "other"
+
+
+class DeviceEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One event from the NVML event set.
+
+    Attributes:
+        index: the card it concerns; None when NVML did not say (applies to every card).
+        kind: what happened.
+        xid: the XID for ``EventKind.XID`` (``eventData``), else 0.
+    """
+
+    index: int | None
+    kind: EventKind
+    xid: int = 0
+
+
+class BackendError(Exception):
+    """NVML could not answer (library missing, driver not loaded, GPU lost, ...).
+
+    Attributes:
+        reason: a short machine-readable cause, one of the ``REASON_*`` constants.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+REASON_LIBRARY_MISSING = "LibraryMissing"
+REASON_DRIVER_NOT_LOADED = "DriverNotLoaded"
+REASON_NO_PERMISSION = "NoPermission"
+REASON_GPU_LOST = "GpuLost"
+REASON_NOT_SUPPORTED = "NotSupported"
+REASON_FAILED = "Failed"
+
+
+class Backend(Protocol):
+    """The agent's view of NVML. Methods raise ``BackendError`` when NVML cannot answer at all."""
+
+    def describe(self) -> str:
+        """A one-line description (backend, driver version) for logs."""
+        ...
+
+    def gpus(self) -> tuple[GpuRecord, ...]:
+        """Every card, by NVML index (empty on a node without GPUs)."""
+        ...
+
+    def nvlinks(self, index: int) -> tuple[NvLinkRecord, ...]:
+        """The active NVLinks of a card (empty without NVLink)."""
+        ...
+
+    def pair(self, a: int, b: int) -> PairRecord:
+        """PCIe relation and P2P capability of an ordered pair."""
+        ...
+
+    def telemetry(self, index: int) -> TelemetryRecord:
+        """Current readings of a card."""
+        ...
+
+    def start_events(self) -> tuple[int, ...]:
+        """Register for health events; returns the indices registered (cards may refuse)."""
+        ...
+
+    def wait_event(self, timeout_s: float) -> DeviceEvent | None:
+        """Block up to ``timeout_s`` for the next event; None on timeout."""
+        ...
+
+    def close(self) -> None:
+        """Release NVML (idempotent)."""
+        ...

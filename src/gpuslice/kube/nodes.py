@@ -1,0 +1,122 @@
+"""The node agent's API calls: read a Node's annotations, merge-patch them, record Node events.
+
+Small and synchronous (the agent is a thread-based program). Self-contained on purpose: the rest of
+``gpuslice.kube`` may later absorb it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+
+import lightkube
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models import core_v1 as core_models
+from lightkube.models import meta_v1
+from lightkube.resources import core_v1, events_v1
+from lightkube.types import PatchType
+
+REPORTING_CONTROLLER = "gpuslice.io/agent"
+EVENT_NAMESPACE = "default"
+"""Node events live in ``default`` (Nodes are cluster-scoped), as the kubelet records them."""
+_NOTE_MAX = 1024  # events.k8s.io/v1 rejects longer notes
+
+
+class NodeApiError(Exception):
+    """An API call of the agent failed.
+
+    Attributes:
+        status: HTTP status code, or 0 when the server was not reached.
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NodeInfo:
+    """What the agent needs from its Node object."""
+
+    def __init__(self, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+        self.name = name
+        self.uid = uid
+        self.annotations = dict(annotations)
+
+
+def make_client(kubeconfig: str | None = None) -> lightkube.Client:
+    """A client from a kubeconfig file, or from the environment (in-cluster or ``KUBECONFIG``)."""
+    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    return lightkube.Client(config=config, field_manager="gpuslice-agent")
+
+
+def _wrap(what: str, exc: Exception) -> NodeApiError:
+    if isinstance(exc, lightkube.ApiError):
+        return NodeApiError(exc.status.code or 0, f"{what}: {exc.status.message}")
+    return NodeApiError(0, f"{what}: {exc}")
+
+
+def get_node(client: lightkube.Client, name: str) -> NodeInfo:
+    """Read a Node's uid and annotations.
+
+    Raises:
+        NodeApiError: the Node does not exist (status 404) or the call failed.
+    """
+    try:
+        node = client.get(core_v1.Node, name)
+    except Exception as e:  # lightkube raises ApiError or the HTTP client's errors
+        raise _wrap(f"reading node {name}", e) from e
+    meta = node.metadata
+    return NodeInfo(
+        name=name,
+        uid=(meta.uid if meta else None) or "",
+        annotations=(meta.annotations if meta else None) or {},
+    )
+
+
+def patch_node_annotations(client: lightkube.Client, name: str, changes: Mapping[str, str | None]) -> None:
+    """Merge-patch annotations (a None value removes the key).
+
+    Raises:
+        NodeApiError: the patch failed.
+    """
+    if not changes:
+        return
+    body = {"metadata": {"annotations": dict(changes)}}
+    try:
+        client.patch(core_v1.Node, name, body, patch_type=PatchType.MERGE)
+    except Exception as e:
+        raise _wrap(f"patching node {name}", e) from e
+
+
+def record_node_event(
+    client: lightkube.Client,
+    node: NodeInfo,
+    *,
+    type_: str,
+    reason: str,
+    note: str,
+    action: str,
+    now: datetime.datetime,
+) -> None:
+    """Create an events.k8s.io/v1 Event about a Node (type ``Warning`` or ``Normal``).
+
+    Raises:
+        NodeApiError: the create failed.
+    """
+    event = events_v1.Event(
+        metadata=meta_v1.ObjectMeta(generateName=f"{node.name}.", namespace=EVENT_NAMESPACE),
+        eventTime=now,
+        type=type_,
+        reason=reason,
+        note=note[:_NOTE_MAX],
+        action=action,
+        reportingController=REPORTING_CONTROLLER,
+        reportingInstance=f"gpuslice-agent-{node.name}"[:128],
+        regarding=core_models.ObjectReference(
+            apiVersion="v1", kind="Node", name=node.name, uid=node.uid or None
+        ),
+    )
+    try:
+        client.create(event, namespace=EVENT_NAMESPACE)
+    except Exception as e:
+        raise _wrap(f"recording event {reason} on node {node.name}", e) from e
