@@ -86,6 +86,25 @@ def encode_pair_scores(topo: topology.Topology) -> str:
     return _ENCODER.encode(wire).decode()
 
 
+def encode_score_matrix(uuids: Sequence[str], scores: Sequence[Sequence[int]]) -> str:
+    """HAMi's pair-score annotation from explicit scores, ``scores[i][j]`` of ``uuids[i]`` vs ``uuids[j]``.
+
+    The node agent uses it to write 0 for a pair whose cards count different NVLinks, as HAMi's
+    plugin does; ``encode_pair_scores`` cannot express that.
+
+    Raises:
+        ValueError: ``scores`` is not a square matrix over ``uuids``.
+    """
+    n = len(uuids)
+    if len(scores) != n or any(len(row) != n for row in scores):
+        raise ValueError(f"scores must be a {n}x{n} matrix")
+    wire = [
+        _PairWire(uuid=u, score={v: int(scores[i][j]) for j, v in enumerate(uuids) if j != i})
+        for i, u in enumerate(uuids)
+    ]
+    return _ENCODER.encode(wire).decode()
+
+
 def _from_score(score: int | None) -> tuple[int, topology.PcieLevel]:
     """NVLink count and PCIe level behind a HAMi score; unknown remainders read as SYSTEM."""
     if score is None or score <= 0:
