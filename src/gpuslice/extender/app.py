@@ -1,0 +1,217 @@
+"""The extender's HTTP app: ``create_app(deps) -> Starlette``, thin handlers, no globals.
+
+Each handler does decode -> ``cache.snapshot()`` -> policy -> encode. Filter and prioritize make no
+API call. Malformed input (bad JSON, wrong types, oversized bodies) is a 4xx with a plain message;
+scheduling failures go in the response body (``FailedNodes``, ``Error``), never as a 5xx. The
+lifespan enters the injected background services (informers, event worker) and stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypedDict, TypeVar
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from gpuslice.codec import errors as codec_errors
+from gpuslice.codec import resources
+from gpuslice.extender import bind as binds
+from gpuslice.extender import config, logs, metrics, preempt, scheduling, view, wire
+from gpuslice.model import requests, status
+
+JSON = "application/json"
+T = TypeVar("T")
+Service = Callable[[], contextlib.AbstractAsyncContextManager[object]]
+"""A background service the lifespan runs (entered at startup, exited at shutdown)."""
+
+
+class BadRequest(Exception):
+    """Input we cannot act on; answered with ``status`` and the message as plain text."""
+
+    def __init__(self, message: str, status_code: int = 400) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+@dataclasses.dataclass
+class Deps:
+    """Everything the app needs, built by ``serve`` (or by tests, with fakes)."""
+
+    settings: config.Settings
+    cache: view.Cache
+    flow: binds.BindFlow
+    policies: scheduling.Policies
+    log: logs.Log
+    metrics: metrics.Metrics
+    events: binds.Events
+    ready: Callable[[], bool] = lambda: True
+    services: Sequence[Service] = ()
+
+
+class State(TypedDict):
+    """The lifespan state handed to requests (``request.state.deps``)."""
+
+    deps: Deps
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(f"request body larger than {limit} bytes", 413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(f"request body larger than {limit} bytes", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode(decoder: msgspec.json.Decoder[T], data: bytes) -> T:
+    if not data:
+        raise BadRequest("empty request body; expected JSON")
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as err:
+        raise BadRequest(f"invalid request: {err}") from None
+    except msgspec.DecodeError as err:
+        raise BadRequest(f"malformed JSON: {err}") from None
+
+
+def _parse(deps: Deps, pod: wire.Pod) -> requests.PodRequest | str:
+    """The pod's GPU request, or the reason it is invalid."""
+    try:
+        return resources.parse_pod(pod.to_dict(), deps.settings.request_config)
+    except codec_errors.DecodeError as err:
+        return str(err)
+
+
+def create_app(deps: Deps) -> Starlette:
+    """Build the app around ``deps`` (see the module docstring)."""
+    limit = deps.settings.body_limit_bytes
+    m = deps.metrics
+    log = deps.log
+
+    def endpoint(
+        verb: str, handle: Callable[[bytes], Awaitable[bytes]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            start = time.perf_counter()
+            try:
+                body = await handle(await _body(request, limit))
+                response: Response = Response(body, media_type=JSON)
+            except BadRequest as err:
+                log.v(2, "bad request", verb=verb, status=err.status_code, err=str(err))
+                response = PlainTextResponse(str(err), status_code=err.status_code)
+            m.latency.labels(verb).observe(time.perf_counter() - start)
+            m.requests.labels(verb, str(response.status_code)).inc()
+            return response
+
+        return run
+
+    async def filter_(data: bytes) -> bytes:
+        args = _decode(wire.FILTER_DECODER, data)
+        names = args.node_names or []
+        pod = _parse(deps, args.pod)
+        meta = args.pod.metadata
+        if isinstance(pod, str):
+            outcome = scheduling.reject_all(names, status.INVALID_REQUEST)
+            deps.events.record(
+                meta.namespace,
+                meta.name,
+                meta.uid,
+                "Warning",
+                "FilteringFailed",
+                "Filter",
+                f"invalid request: {pod}",
+            )
+        else:
+            outcome = scheduling.filter_nodes(deps.cache.snapshot(), pod, names, deps.policies, log)
+            deps.flow.remember(pod)
+            kind, reason = (
+                ("Normal", "FilteringSucceed") if outcome.feasible else ("Warning", "FilteringFailed")
+            )
+            deps.events.record(
+                meta.namespace,
+                meta.name,
+                meta.uid,
+                kind,
+                reason,
+                "Filter",
+                "Filter: " + scheduling.summary(outcome),
+            )
+        for reason, n in outcome.reasons.items():
+            m.filter_nodes.labels(reason).inc(n)
+        log.v(2, "filter", pod=args.pod.key, summary=scheduling.summary(outcome))
+        result = wire.ExtenderFilterResult(outcome.feasible, outcome.failed, outcome.unresolvable)
+        return wire.ENCODER.encode(result)
+
+    async def prioritize(data: bytes) -> bytes:
+        args = _decode(wire.PRIORITIZE_DECODER, data)
+        names = args.node_names or []
+        pod = _parse(deps, args.pod)
+        if isinstance(pod, str):
+            scores = dict.fromkeys(names, 0)
+        else:
+            scores = scheduling.score_nodes(deps.cache.snapshot(), pod, names, deps.policies, log)
+            deps.flow.remember_scores(pod.uid, scores)
+        out = wire.priorities(scores)
+        for hp in out:
+            m.scores.observe(hp.score)
+        return wire.ENCODER.encode(out)
+
+    async def bind(data: bytes) -> bytes:
+        args = _decode(wire.BIND_DECODER, data)
+        if not args.pod_name or not args.node:
+            raise BadRequest("invalid request: PodName and Node are required")
+        error = await deps.flow.bind(args)
+        return wire.ENCODER.encode(wire.ExtenderBindingResult(error=error))
+
+    async def preempt_(data: bytes) -> bytes:
+        args = _decode(wire.PREEMPT_DECODER, data)
+        pod = _parse(deps, args.pod)
+        victims = args.node_name_to_meta_victims or {}
+        if isinstance(pod, str):
+            kept = preempt.keep_nonempty(victims)
+        else:
+            kept = preempt.narrow(deps.cache.snapshot(), pod, victims, deps.policies)
+        return wire.ENCODER.encode(wire.ExtenderPreemptionResult(kept))
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        ok = deps.ready()
+        m.cache_synced.set(1 if ok else 0)
+        return PlainTextResponse("ok" if ok else "cache not synced", status_code=200 if ok else 503)
+
+    async def metrics_(request: Request) -> Response:
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[State]:
+        async with contextlib.AsyncExitStack() as stack:
+            for service in deps.services:
+                await stack.enter_async_context(service())
+            yield State(deps=deps)
+
+    routes = [
+        Route("/filter", endpoint("filter", filter_), methods=["POST"]),
+        Route("/prioritize", endpoint("prioritize", prioritize), methods=["POST"]),
+        Route("/score", endpoint("prioritize", prioritize), methods=["POST"]),
+        Route("/bind", endpoint("bind", bind), methods=["POST"]),
+        Route("/preempt", endpoint("preempt", preempt_), methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics_, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,249 @@
+"""The bind verb: choose cards on the current snapshot, reserve them, write HAMi's contract, bind.
+
+Under an in-process lock per node, ``bind`` re-runs the fit with the card policy on the *current*
+snapshot and assumes the allocation in the cache before its first ``await``, so no interleaving of
+concurrent binds can hand the same capacity to two pods. Then it takes HAMi's node lock, writes the
+pod annotations (``vgpu-node`` + label, ``vgpu-time``, both device keys, ``bind-phase:
+allocating``, ``bind-time``) and POSTs the Binding with the pod UID. Any failure rolls everything
+back (forget the assumption, remove the annotations, release the node lock) and is answered as
+``Error``, never as an exception. A repeated bind of a pod already bound to the node succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from gpuslice.codec import errors as codec_errors
+from gpuslice.codec import pod_devices, resources
+from gpuslice.extender import binder as binders
+from gpuslice.extender import logs, metrics, scheduling, view, wire
+from gpuslice.model import allocations, requests, status
+from gpuslice.model import config as model_config
+from gpuslice.policy import fit
+
+_MEMO_SIZE = 20_000
+MiB = 1 << 20
+
+
+class Events(Protocol):
+    """Where Kubernetes events go (non-blocking; the real one queues for a worker)."""
+
+    def record(
+        self, namespace: str, name: str, uid: str, type_: str, reason: str, action: str, note: str
+    ) -> None:
+        """Record an event about a pod."""
+        ...
+
+
+class NoEvents:
+    """An ``Events`` that drops everything."""
+
+    def record(
+        self, namespace: str, name: str, uid: str, type_: str, reason: str, action: str, note: str
+    ) -> None:
+        """Drop the event."""
+
+
+class _Memo(collections.OrderedDict[str, Any]):
+    """A small LRU map."""
+
+    def __init__(self, size: int = _MEMO_SIZE) -> None:
+        super().__init__()
+        self._size = size
+
+    def put(self, key: str, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self._size:
+            self.popitem(last=False)
+
+
+def describe(alloc: allocations.PodAllocation) -> str:
+    """``GPU-abc (4000MB/30cores), GPU-def (...)`` for events and logs."""
+    parts = [f"{g.uuid} ({g.memory_mib}MB/{g.cores}cores)" for grants in alloc.containers for g in grants]
+    return ", ".join(parts) or "no devices"
+
+
+@dataclasses.dataclass
+class BindFlow:
+    """The bind verb's state: the memo of recently filtered pods and the per-node locks."""
+
+    cache: view.Cache
+    binder: binders.Binder
+    policies: scheduling.Policies
+    request_config: model_config.RequestConfig
+    clock: Callable[[], float]
+    log: logs.Log
+    metrics: metrics.Metrics
+    events: Events = dataclasses.field(default_factory=NoEvents)
+    _pods: _Memo = dataclasses.field(default_factory=_Memo)
+    _scores: _Memo = dataclasses.field(default_factory=_Memo)
+    _done: _Memo = dataclasses.field(default_factory=_Memo)
+    _locks: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
+
+    def remember(self, pod: requests.PodRequest) -> None:
+        """Keep a filtered pod's request for its bind (the bind args carry only names)."""
+        if pod.uid:
+            self._pods.put(pod.uid, pod)
+
+    def remember_scores(self, uid: str, scores: Mapping[str, int]) -> None:
+        """Keep the best prioritize scores for the bind event."""
+        if uid:
+            top = sorted(scores.items(), key=lambda kv: -kv[1])[:3]
+            self._scores.put(uid, top)
+
+    async def bind(self, args: wire.ExtenderBindingArgs) -> str:
+        """Bind the pod; returns '' on success, else the error (everything rolled back).
+
+        The flow runs as its own task, shielded, so a dropped connection cannot stop it halfway.
+        """
+        task = asyncio.ensure_future(self._bind_locked(args))
+        return await asyncio.shield(task)
+
+    async def _bind_locked(self, args: wire.ExtenderBindingArgs) -> str:
+        lock = self._locks.setdefault(args.node, asyncio.Lock())
+        async with lock:
+            try:
+                error = await self._bind(args)
+            except Exception as err:  # noqa: BLE001 - a surprise must still become an Error answer
+                self.log.error(
+                    "bind failed unexpectedly", pod=f"{args.pod_namespace}/{args.pod_name}", err=repr(err)
+                )
+                error = f"internal error: {type(err).__name__}"
+                self.metrics.binds.labels("error").inc()
+        return error
+
+    async def _request(self, args: wire.ExtenderBindingArgs) -> requests.PodRequest | str:
+        """The pod's request from the filter memo, else read from the API (restart, other replica)."""
+        memo: requests.PodRequest | None = self._pods.get(args.pod_uid)
+        if memo is not None:
+            return memo
+        try:
+            obj = await self.binder.read_pod(args.pod_namespace, args.pod_name)
+        except binders.BindFailure as err:
+            self.metrics.api_errors.labels("read").inc()
+            return f"cannot read pod: {err}"
+        if obj is None:
+            return "pod not found"
+        meta = obj.get("metadata") or {}
+        if args.pod_uid and meta.get("uid") != args.pod_uid:
+            return "pod UID mismatch (deleted and recreated?)"
+        try:
+            return resources.parse_pod(obj, self.request_config)
+        except codec_errors.DecodeError as err:
+            return f"{status.INVALID_REQUEST}: {err}"
+
+    async def _bind(self, args: wire.ExtenderBindingArgs) -> str:
+        ns, name, uid, node = args.pod_namespace, args.pod_name, args.pod_uid, args.node
+        key = f"{ns}/{name}"
+        if uid and self._done.get(uid) == node:
+            self.metrics.binds.labels("repeat").inc()
+            return ""
+        pod = await self._request(args)
+        if isinstance(pod, str):
+            self.metrics.binds.labels("rejected").inc()
+            return pod
+        card_policy = self.policies.card(pod)
+        if card_policy is None:
+            self.metrics.binds.labels("rejected").inc()
+            return f"{status.INVALID_REQUEST}: unknown card policy {pod.card_policy!r}"
+        snap = self.cache.snapshot()
+        state = view.node_state(snap, node)
+        if state is None:
+            self.metrics.binds.labels("rejected").inc()
+            return f"node {node}: {view.node_problem(snap, node)}"
+        placement = fit.place(
+            state, pod, card_policy, scheduling.context(snap), view.quota(snap, pod.namespace)
+        )
+        if placement.allocation is None:
+            self.metrics.binds.labels("no_fit").inc()
+            return f"pod no longer fits node {node}: {','.join(placement.status.reasons)}"
+        alloc = placement.allocation
+        now = self.clock()
+        # No await between the snapshot above and this reservation: concurrent binds see it.
+        self.cache.assume(key, uid, alloc, now)
+        return await self._commit(ns, name, uid, node, key, alloc, now)
+
+    async def _commit(
+        self, ns: str, name: str, uid: str, node: str, key: str, alloc: allocations.PodAllocation, now: float
+    ) -> str:
+        locked = annotated = False
+        annotations = pod_devices.bind_annotations(alloc, now)
+        try:
+            await self.binder.lock_node(node, ns, name)
+            locked = True
+            await self.binder.annotate(ns, name, uid, annotations)
+            annotated = True
+            await self.binder.bind(ns, name, uid, node)
+        except binders.BindFailure as err:
+            self.metrics.api_errors.labels(err.operation).inc()
+            if err.operation == "bind" and await self._bound_anyway(ns, name, uid, node):
+                return self._succeeded(ns, name, uid, node, key, alloc)
+            await self._rollback(ns, name, uid, node, key, annotations if annotated else None, locked)
+            self.metrics.binds.labels("failed").inc()
+            self.events.record(
+                ns, name, uid, "Warning", "BindingFailed", "Binding", f"{err.reason}: {err}"[:1024]
+            )
+            self.log.info(
+                "bind failed", pod=key, node=node, op=err.operation, reason=err.reason, err=str(err)
+            )
+            return f"{err.operation} failed: {err}"
+        except BaseException:
+            await self._rollback(ns, name, uid, node, key, annotations if annotated else None, locked)
+            raise
+        return self._succeeded(ns, name, uid, node, key, alloc)
+
+    def _succeeded(
+        self, ns: str, name: str, uid: str, node: str, key: str, alloc: allocations.PodAllocation
+    ) -> str:
+        self.cache.finish_binding(key, self.clock())
+        if uid:
+            self._done.put(uid, node)
+            self._pods.pop(uid, None)
+        self.metrics.binds.labels("bound").inc()
+        top = self._scores.pop(uid, None) if uid else None
+        scores = ", ".join(f"{n}={wire.to_extender_score(s)}" for n, s in top) if top else "n/a"
+        note = f"Bound to {node}; top scores: {scores}; Device: {describe(alloc)}"
+        self.events.record(ns, name, uid, "Normal", "GPUAllocated", "Binding", note[:1024])
+        self.log.v(2, "bound", pod=key, node=node, devices=describe(alloc))
+        return ""
+
+    async def _bound_anyway(self, ns: str, name: str, uid: str, node: str) -> bool:
+        """After a failed Binding POST (e.g. a timeout), check whether it took effect."""
+        try:
+            obj = await self.binder.read_pod(ns, name)
+        except binders.BindFailure:
+            return False
+        if obj is None:
+            return False
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        return bool(spec.get("nodeName") == node and (not uid or meta.get("uid") == uid))
+
+    async def _rollback(
+        self,
+        ns: str,
+        name: str,
+        uid: str,
+        node: str,
+        key: str,
+        annotations: Mapping[str, str] | None,
+        locked: bool,
+    ) -> None:
+        """Undo a partial bind, best effort for the API parts (the assumption always goes)."""
+        self.cache.forget(key)
+        if annotations is not None:
+            try:
+                await self.binder.annotate(ns, name, uid, dict.fromkeys(annotations))
+            except binders.BindFailure as err:
+                self.metrics.api_errors.labels("annotate").inc()
+                self.log.warning("rollback: cannot remove annotations", pod=key, err=str(err))
+        if locked:
+            try:
+                await self.binder.unlock_node(node, ns, name)
+            except binders.BindFailure as err:
+                self.metrics.api_errors.labels("unlock").inc()
+                self.log.warning("rollback: cannot release node lock", node=node, pod=key, err=str(err))

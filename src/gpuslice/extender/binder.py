@@ -1,0 +1,120 @@
+"""The API calls of the bind path behind a small protocol, so unit tests can replace them.
+
+``KubeBinder`` is the real implementation on ``gpuslice.kube`` (raw Binding POST, HAMi node lock,
+annotation merge patches); e2e tests exercise it against a real apiserver. Every failure surfaces
+as ``BindFailure`` with the operation that failed, so the bind flow can roll back precisely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import msgspec
+
+from gpuslice.codec import keys
+from gpuslice.kube import binding, locks, pods
+from gpuslice.kube import client as kclient
+from gpuslice.kube import errors as kerrors
+
+
+class BindFailure(Exception):
+    """A bind-path API call failed.
+
+    Attributes:
+        operation: ``lock``, ``annotate``, ``bind``, ``read`` or ``unlock``.
+        reason: a short machine-readable reason (e.g. ``NodeLockContention``).
+    """
+
+    def __init__(self, operation: str, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.reason = reason or operation
+
+
+class Binder(Protocol):
+    """What the bind flow needs from the API."""
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as an API dict, or None when it does not exist."""
+        ...
+
+    async def lock_node(self, node: str, namespace: str, name: str) -> None:
+        """Take HAMi's node lock for the pod."""
+        ...
+
+    async def unlock_node(self, node: str, namespace: str, name: str) -> None:
+        """Release the node lock if the pod holds it."""
+        ...
+
+    async def annotate(
+        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Merge-patch the pod's annotations (and the ``hami.io/vgpu-node`` label)."""
+        ...
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST the Binding; a repeat to the same node succeeds."""
+        ...
+
+
+def _failure(operation: str, err: Exception) -> BindFailure:
+    reason = getattr(err, "reason", "") or type(err).__name__
+    return BindFailure(operation, str(err), str(reason))
+
+
+class KubeBinder:
+    """``Binder`` on a ``KubeClient``.
+
+    Args:
+        kube: the API client.
+        lock_timeout_s: age after which another pod's node lock counts as expired.
+    """
+
+    def __init__(self, kube: kclient.KubeClient, lock_timeout_s: float = locks.DEFAULT_TIMEOUT_S) -> None:
+        self._kube = kube
+        self._lock_timeout_s = lock_timeout_s
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as a plain dict, or None when it is gone."""
+        try:
+            resp = await self._kube.request("GET", pods.path(namespace, name))
+        except kerrors.NotFound:
+            return None
+        except kerrors.ApiError as err:
+            raise _failure("read", err) from err
+        out = msgspec.json.decode(resp.content)
+        return out if isinstance(out, dict) else None
+
+    async def lock_node(self, node: str, namespace: str, name: str) -> None:
+        """Take the node lock (CAS with retries inside ``kube.locks``)."""
+        try:
+            await locks.acquire(self._kube, node, namespace, name, timeout_s=self._lock_timeout_s)
+        except kerrors.ApiError as err:
+            raise _failure("lock", err) from err
+
+    async def unlock_node(self, node: str, namespace: str, name: str) -> None:
+        """Release the node lock if this pod holds it."""
+        try:
+            await locks.release(self._kube, node, namespace, name)
+        except kerrors.ApiError as err:
+            raise _failure("unlock", err) from err
+
+    async def annotate(
+        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Patch the annotations; the ``vgpu-node`` label follows the annotation (set or removed)."""
+        labels = {keys.VGPU_NODE: annotations[keys.VGPU_NODE]} if keys.VGPU_NODE in annotations else None
+        try:
+            await pods.patch_annotations(
+                self._kube, namespace, name, annotations, labels=labels, uid=uid or None
+            )
+        except kerrors.ApiError as err:
+            raise _failure("annotate", err) from err
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST the Binding (raw); already bound to ``node`` is success."""
+        try:
+            await binding.bind(self._kube, namespace, name, uid, node)
+        except kerrors.ApiError as err:
+            raise _failure("bind", err) from err

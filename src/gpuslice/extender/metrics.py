@@ -1,0 +1,119 @@
+"""Prometheus metrics of the extender, in its own ``CollectorRegistry`` (no process globals).
+
+Request-path metrics are updated by the handlers; per-card allocation gauges use HAMi's names and
+labels (hami-protocol.md section 14) and are computed at scrape time from the current cache
+snapshot by a custom collector, so they can never drift from what the policies see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuslice.model import nodes
+
+MiB = 1 << 20
+_DEVICE_LABELS = ("node", "device_uuid", "device_index", "device_type", "zone")
+_LATENCY_BUCKETS = (
+    0.0002,
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+
+
+class DeviceCollector(Collector):
+    """Per-card gauges (HAMi names) computed from ``states()`` at each scrape."""
+
+    def __init__(self, states: Callable[[], Iterable[nodes.NodeState]]) -> None:
+        self._states = states
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the card gauges."""
+        mem_limit = GaugeMetricFamily(
+            "hami_gpu_memory_limit_bytes", "Registered memory of a GPU", labels=_DEVICE_LABELS
+        )
+        core_limit = GaugeMetricFamily(
+            "hami_gpu_core_limit_ratio", "Registered cores of a GPU (percent)", labels=_DEVICE_LABELS
+        )
+        mem_alloc = GaugeMetricFamily(
+            "hami_gpu_memory_allocated_bytes", "Memory allocated on a GPU", labels=_DEVICE_LABELS
+        )
+        core_alloc = GaugeMetricFamily(
+            "hami_gpu_core_allocated_ratio", "Cores allocated on a GPU (percent)", labels=_DEVICE_LABELS
+        )
+        shared = GaugeMetricFamily("hami_gpu_shared_count", "Tasks sharing a GPU", labels=_DEVICE_LABELS)
+        for state in self._states():
+            for i, dev in enumerate(state.inventory.devices):
+                labels = [state.name, dev.uuid, str(dev.index), dev.type, "vGPU"]
+                use = state.usage[i]
+                mem_limit.add_metric(labels, dev.memory_mib * MiB)
+                core_limit.add_metric(labels, dev.cores)
+                mem_alloc.add_metric(labels, use.memory_mib * MiB)
+                core_alloc.add_metric(labels, use.cores)
+                shared.add_metric(labels, use.slots)
+        yield from (mem_limit, core_limit, mem_alloc, core_alloc, shared)
+
+
+class Metrics:
+    """The extender's metrics, all registered in ``self.registry``."""
+
+    def __init__(self, states: Callable[[], Iterable[nodes.NodeState]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.latency = Histogram(
+            "gpuslice_extender_request_duration_seconds",
+            "Handling time of an extender call, decode to encode",
+            ["verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "gpuslice_extender_requests_total",
+            "Extender calls by verb and HTTP status",
+            ["verb", "code"],
+            registry=r,
+        )
+        self.filter_nodes = Counter(
+            "gpuslice_filter_node_outcomes_total",
+            "Per-node filter outcomes by reason code ('Feasible' when the node fits)",
+            ["reason"],
+            registry=r,
+        )
+        self.scores = Histogram(
+            "gpuslice_prioritize_score",
+            "Scores returned to kube-scheduler (0..10)",
+            buckets=tuple(float(b) for b in range(11)),
+            registry=r,
+        )
+        self.binds = Counter("gpuslice_bind_total", "Bind outcomes", ["outcome"], registry=r)
+        self.api_errors = Counter(
+            "gpuslice_api_errors_total",
+            "Kubernetes API call failures on the bind path",
+            ["operation"],
+            registry=r,
+        )
+        self.cache_synced = Gauge(
+            "gpuslice_cache_synced",
+            "1 when every watched kind has been listed and its watch is healthy",
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            "gpuslice_watch_restarts_total", "Watch restarts by kind", ["kind"], registry=r
+        )
+        if states is not None:
+            r.register(DeviceCollector(states))

@@ -1,0 +1,46 @@
+"""The preempt verb: pass kube-scheduler's victims through, dropping hopeless nodes.
+
+A node stays a candidate only when it has at least one victim (kube-scheduler requires it) and the
+pod could fit there once capacity is freed: a node where the fit is ``UNRESOLVABLE`` (wrong card
+type, too few cards, unregistered) cannot be helped by evicting anyone, so it is dropped. Victim
+sets are passed through unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuslice.extender import scheduling, view, wire
+from gpuslice.model import requests, status
+from gpuslice.policy import fit
+
+
+def keep_nonempty(victims: Mapping[str, wire.MetaVictims]) -> dict[str, wire.MetaVictims]:
+    """The nodes that have at least one victim."""
+    return {name: v for name, v in victims.items() if v.pods}
+
+
+def narrow(
+    snap: Any,
+    pod: requests.PodRequest,
+    victims: Mapping[str, wire.MetaVictims],
+    policies: scheduling.Policies,
+) -> dict[str, wire.MetaVictims]:
+    """The candidate nodes where evicting could make room for the pod (see the module docstring)."""
+    kept = keep_nonempty(victims)
+    if not pod.wants_gpu:
+        return kept
+    card_policy = policies.card(pod)
+    if card_policy is None:
+        return {}
+    ctx = scheduling.context(snap)
+    out: dict[str, wire.MetaVictims] = {}
+    for name, v in kept.items():
+        state = view.node_state(snap, name)
+        if state is None:
+            continue
+        placement = fit.place(state, pod, card_policy, ctx, None)
+        if placement.status.code is not status.Code.UNRESOLVABLE:
+            out[name] = v
+    return out

@@ -1,0 +1,176 @@
+"""Filter and prioritize as plain functions of a snapshot: no I/O, no clock, no HTTP.
+
+The wire mapping of outcomes is fixed here, in ``_bucket``: ``UNSCHEDULABLE`` goes to
+``FailedNodes`` (preemption may help), ``UNRESOLVABLE`` and ``ERROR`` to
+``FailedAndUnresolvableNodes``. Messages are the reason codes alone, never node names, so
+kube-scheduler's ``0/N nodes are available: 3 InsufficientGPUMemory, ...`` histogram stays short.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuslice.extender import logs, view
+from gpuslice.model import requests, status
+from gpuslice.policy import fit, registry
+
+FEASIBLE = "Feasible"
+
+
+@dataclasses.dataclass(frozen=True)
+class Policies:
+    """Every registered policy built once at startup, and the configured defaults."""
+
+    by_name: Mapping[str, registry.Policy]
+    node_default: str
+    card_default: str
+
+    @classmethod
+    def build(cls, node_default: str, card_default: str) -> Policies:
+        """Build all registered policies (unknown defaults raise ``UnknownPolicyError``)."""
+        built = {name: registry.get(name) for name in registry.names()}
+        registry.get(node_default), registry.get(card_default)
+        return cls(built, node_default, card_default)
+
+    def node(self, pod: requests.PodRequest) -> registry.Policy | None:
+        """The pod's node policy (per-pod override first); None for an unknown override."""
+        return self.by_name.get(pod.node_policy or self.node_default)
+
+    def card(self, pod: requests.PodRequest) -> registry.Policy | None:
+        """The pod's card policy (per-pod override first); None for an unknown override."""
+        return self.by_name.get(pod.card_policy or self.card_default)
+
+
+@dataclasses.dataclass
+class FilterOutcome:
+    """A filter answer before encoding, plus the counts for events and metrics."""
+
+    feasible: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    reasons: collections.Counter[str]
+
+
+def context(snap: Any) -> registry.Context:
+    """The policy context: the recent-request workload for FGD-style policies."""
+    return registry.Context(workload=view.workload(snap))
+
+
+def reject_all(names: Sequence[str], reason: str) -> FilterOutcome:
+    """Every node unresolvable for one pod-level reason (e.g. an invalid request)."""
+    return FilterOutcome([], {}, dict.fromkeys(names, reason), collections.Counter({reason: len(names)}))
+
+
+def filter_nodes(
+    snap: Any,
+    pod: requests.PodRequest,
+    names: Sequence[str],
+    policies: Policies,
+    log: logs.Log,
+) -> FilterOutcome:
+    """Which of ``names`` can hold the pod, and why the others cannot."""
+    if not pod.wants_gpu:
+        return FilterOutcome(list(names), {}, {}, collections.Counter({FEASIBLE: len(names)}))
+    card_policy = policies.card(pod)
+    if card_policy is None or policies.node(pod) is None:
+        return reject_all(names, status.INVALID_REQUEST)
+    ctx = context(snap)
+    quota = view.quota(snap, pod.namespace)
+    out = FilterOutcome([], {}, {}, collections.Counter())
+    verbose = log.enabled(4)
+    for name in names:
+        state = view.node_state(snap, name)
+        if state is None:
+            reason = view.node_problem(snap, name)
+            out.unresolvable[name] = reason
+            out.reasons[reason] += 1
+            if verbose:
+                log.v(4, "filter node", pod=pod.name, node=name, feasible=False, reason=reason)
+            continue
+        placement = fit.place(state, pod, card_policy, ctx, quota)
+        if placement.status.ok:
+            out.feasible.append(name)
+            out.reasons[FEASIBLE] += 1
+        else:
+            reason = ",".join(placement.status.reasons) or status.INVALID_REQUEST
+            bucket = out.failed if placement.status.code is status.Code.UNSCHEDULABLE else out.unresolvable
+            bucket[name] = reason
+            out.reasons[reason] += 1
+        if verbose:
+            log.v(
+                4,
+                "filter node",
+                pod=pod.name,
+                node=name,
+                feasible=placement.status.ok,
+                reason=_why(placement),
+            )
+            if log.enabled(5):
+                _log_cards(log, state, pod, placement)
+    return out
+
+
+def _why(placement: fit.Placement) -> str:
+    if placement.status.ok:
+        return ""
+    return " ".join(f"{n}x{r}" for r, n in placement.card_reasons) or ",".join(placement.status.reasons)
+
+
+def _log_cards(log: logs.Log, state: Any, pod: requests.PodRequest, placement: fit.Placement) -> None:
+    chosen = set()
+    if placement.allocation is not None:
+        chosen = {g.uuid for grants in placement.allocation.containers for g in grants}
+    for i, dev in enumerate(state.inventory.devices):
+        for req in pod.containers:
+            if req is None:
+                continue
+            log.v(
+                5,
+                "filter card",
+                node=state.name,
+                uuid=dev.uuid,
+                free_mem=state.free_memory(i),
+                free_cores=state.free_cores(i),
+                free_slots=state.free_slots(i),
+                req_mem=req.memory_on(dev.memory_mib),
+                req_cores=req.cores_clamped,
+                chosen=dev.uuid in chosen,
+            )
+
+
+def score_nodes(
+    snap: Any,
+    pod: requests.PodRequest,
+    names: Sequence[str],
+    policies: Policies,
+    log: logs.Log,
+) -> dict[str, int]:
+    """Internal 0..100 scores of ``names``; unknown nodes and GPU-less pods score 0."""
+    node_policy = policies.node(pod)
+    if node_policy is None or not pod.wants_gpu:
+        return dict.fromkeys(names, 0)
+    ctx = context(snap)
+    out: dict[str, int] = {}
+    verbose = log.enabled(4)
+    for name in names:
+        state = view.node_state(snap, name)
+        score = 0 if state is None else node_policy.score_node(state, pod, ctx).score
+        out[name] = score
+        if verbose:
+            log.v(4, "score node", pod=pod.name, node=name, policy=node_policy.name, score=score)
+    return out
+
+
+def summary(outcome: FilterOutcome) -> str:
+    """``3/5 nodes feasible, 2 InsufficientGPUMemory`` for events and logs."""
+    total = sum(outcome.reasons.values())
+    parts = [f"{len(outcome.feasible)}/{total} nodes feasible"]
+    parts += [
+        f"{n} {r}"
+        for r, n in sorted(outcome.reasons.items(), key=lambda rn: (-rn[1], rn[0]))
+        if r != FEASIBLE
+    ]
+    return ", ".join(parts)

@@ -1,0 +1,292 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from gpuslice.codec import keys, pod_devices
+from gpuslice.extender import app as apps
+from gpuslice.extender import config
+from gpuslice.policy import quota as quotas
+from tests.unit.builders import node
+from tests.unit.extender import fakes
+
+pytestmark = pytest.mark.unit
+
+# n-free: one 80 GiB A100, idle. n-full: one card with 78000 of 81920 MiB used.
+# n-two: two idle cards. "ghost" is not in the cache; "bad" has an invalid registration.
+
+
+def _cache() -> fakes.FakeCache:
+    return fakes.FakeCache(
+        [
+            node("n-free").gpus(1).state(),
+            node("n-full").gpus(1).used(0, memory=78000, cores=10).state(),
+            node("n-two").gpus(2).state(),
+        ],
+        invalid=frozenset({"bad"}),
+    )
+
+
+@pytest.fixture
+def cache() -> fakes.FakeCache:
+    return _cache()
+
+
+@pytest.fixture
+def binder() -> fakes.FakeBinder:
+    return fakes.FakeBinder()
+
+
+@pytest.fixture
+def client(cache: fakes.FakeCache, binder: fakes.FakeBinder) -> Iterator[TestClient]:
+    with TestClient(apps.create_app(fakes.make_deps(cache, binder)), raise_server_exceptions=False) as c:
+        yield c
+
+
+def _args(pod: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
+    return {"Pod": pod, "Nodes": None, "NodeNames": names}
+
+
+def test_filter_sorts_nodes_into_feasible_failed_and_unresolvable(client: TestClient) -> None:
+    pod = fakes.gpu_pod("p", mem=8000, cores=30)
+    r = client.post("/filter", json=_args(pod, ["n-free", "n-full", "ghost", "bad"]))
+    assert r.status_code == 200
+    assert r.json() == {
+        "NodeNames": ["n-free"],
+        # 81920 - 78000 = 3920 MiB free < 8000 requested: capacity could be freed.
+        "FailedNodes": {"n-full": "InsufficientGPUMemory"},
+        "FailedAndUnresolvableNodes": {"ghost": "NodeUnregistered", "bad": "NodeRegistrationInvalid"},
+        "Error": "",
+    }
+
+
+def test_filter_answers_explicit_empty_list(client: TestClient) -> None:
+    r = client.post("/filter", json=_args(fakes.gpu_pod("p", gpu=3), ["n-two"]))
+    body = r.json()
+    assert body["NodeNames"] == []
+    # 3 cards asked, the node has 2: evicting cannot help.
+    assert body["FailedAndUnresolvableNodes"] == {"n-two": "InsufficientGPUCount"}
+
+
+def test_filter_with_null_node_names_returns_empty_list(client: TestClient) -> None:
+    r = client.post("/filter", json=_args(fakes.gpu_pod("p"), None))
+    assert r.status_code == 200
+    assert r.json()["NodeNames"] == []
+
+
+def test_filter_messages_never_name_nodes(client: TestClient) -> None:
+    pod = fakes.gpu_pod("p", mem=8000)
+    body = client.post("/filter", json=_args(pod, ["n-full", "ghost", "bad"])).json()
+    for messages in (body["FailedNodes"], body["FailedAndUnresolvableNodes"]):
+        for node_name, message in messages.items():
+            assert node_name not in message
+
+
+def test_pod_without_gpu_passes_every_node(client: TestClient) -> None:
+    pod = {"metadata": {"name": "cpu", "uid": "u"}, "spec": {"containers": [{"name": "c"}]}}
+    body = client.post("/filter", json=_args(pod, ["n-free", "ghost"])).json()
+    assert body["NodeNames"] == ["n-free", "ghost"]
+
+
+def test_invalid_quantity_rejects_every_node_with_invalid_request(client: TestClient) -> None:
+    pod = fakes.gpu_pod("p")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "lots"
+    body = client.post("/filter", json=_args(pod, ["n-free", "n-two"])).json()
+    assert body["NodeNames"] == []
+    assert body["FailedAndUnresolvableNodes"] == {"n-free": "InvalidRequest", "n-two": "InvalidRequest"}
+
+
+def test_unknown_policy_override_is_invalid_request(client: TestClient) -> None:
+    pod = fakes.gpu_pod("p", annotations={keys.GPU_SCHEDULER_POLICY: "no-such-policy"})
+    body = client.post("/filter", json=_args(pod, ["n-free"])).json()
+    assert body["FailedAndUnresolvableNodes"] == {"n-free": "InvalidRequest"}
+
+
+def test_quota_blocks_in_filter(cache: fakes.FakeCache, client: TestClient) -> None:
+    # limit 10000 MiB, 4000 used; 8000 more would make 12000 > 10000.
+    cache.quotas["team"] = quotas.QuotaView(memory_limit=10000, used_memory=4000)
+    body = client.post(
+        "/filter", json=_args(fakes.gpu_pod("p", mem=8000, namespace="team"), ["n-free"])
+    ).json()
+    assert body["FailedNodes"] == {"n-free": "QuotaExceeded"}
+    ok = client.post("/filter", json=_args(fakes.gpu_pod("q", mem=6000, namespace="team"), ["n-free"])).json()
+    assert ok["NodeNames"] == ["n-free"]
+
+
+def test_prioritize_returns_bare_array_scaled_to_ten(client: TestClient) -> None:
+    pod = fakes.gpu_pod("p", mem=8000, cores=30)
+    r = client.post("/prioritize", json=_args(pod, ["n-free", "n-full", "ghost"]))
+    assert r.status_code == 200
+    body = r.json()
+    assert [h["Host"] for h in body] == ["n-free", "n-full", "ghost"]
+    assert all(0 <= h["Score"] <= 10 for h in body)
+    assert body[2]["Score"] == 0  # unknown node
+    # binpack prefers the fuller node.
+    assert body[1]["Score"] >= body[0]["Score"]
+    assert client.post("/score", json=_args(pod, ["n-free"])).json()[0]["Host"] == "n-free"
+
+
+def test_bind_writes_hami_annotations_and_binds(
+    client: TestClient, cache: fakes.FakeCache, binder: fakes.FakeBinder
+) -> None:
+    pod = fakes.gpu_pod("p", mem=4000, cores=30)
+    assert client.post("/filter", json=_args(pod, ["n-free"])).json()["NodeNames"] == ["n-free"]
+    r = client.post(
+        "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-free"}
+    )
+    assert r.status_code == 200
+    assert r.json() == {"Error": ""}
+    assert [c[0] for c in binder.calls] == ["lock", "annotate", "bind"]
+    ann = binder.annotations["default/p"]
+    assert ann[keys.VGPU_NODE] == "n-free"
+    assert ann[keys.BIND_PHASE] == "allocating"
+    assert ann[keys.DEVICES_ALLOCATED] == ann[keys.DEVICES_TO_ALLOCATE] == "GPU-n-free-0,NVIDIA,4000,30:;"
+    assert ann[keys.BIND_TIME] == ann[keys.VGPU_TIME] == "1700000000"
+    assert binder.bound == {"default/p": "n-free"}
+    assert cache.pods["default/p"][2] is True  # binding finished
+    # A repeated bind (scheduler retry after a timeout) succeeds without a second reservation.
+    again = client.post(
+        "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-free"}
+    )
+    assert again.json() == {"Error": ""}
+    assert len(cache.pods) == 1
+
+
+def test_bind_reads_the_pod_when_it_was_not_filtered_here(cache: fakes.FakeCache) -> None:
+    binder = fakes.FakeBinder({"default/p": fakes.gpu_pod("p", mem=1000)})
+    with TestClient(apps.create_app(fakes.make_deps(cache, binder))) as c:
+        r = c.post(
+            "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-two"}
+        )
+    assert r.json() == {"Error": ""}
+    assert binder.calls[0] == ("read", "default", "p")
+    # spread: a fresh node, first card.
+    assert (
+        pod_devices.decode(binder.annotations["default/p"][keys.DEVICES_ALLOCATED])[0][0].memory_mib == 1000
+    )
+
+
+@pytest.mark.parametrize("op", ["lock", "annotate", "bind"], ids=["lock", "annotate", "bind"])
+def test_bind_failure_rolls_everything_back(
+    op: str, client: TestClient, cache: fakes.FakeCache, binder: fakes.FakeBinder
+) -> None:
+    client.post("/filter", json=_args(fakes.gpu_pod("p", mem=4000), ["n-free"]))
+    binder.fail[op] = "boom"
+    r = client.post(
+        "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-free"}
+    )
+    assert r.status_code == 200
+    assert r.json()["Error"].startswith(f"{op} failed")
+    assert cache.pods == {}  # assumption forgotten
+    assert binder.locks == {}  # node lock released (or never taken)
+    assert binder.annotations.get("default/p", {}) == {}  # annotations removed
+    assert binder.bound == {}
+
+
+def test_bind_of_pod_that_no_longer_fits_is_an_error(client: TestClient, cache: fakes.FakeCache) -> None:
+    client.post("/filter", json=_args(fakes.gpu_pod("p", mem=8000), ["n-full"]))
+    r = client.post(
+        "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-full"}
+    )
+    assert "no longer fits" in r.json()["Error"]
+    assert cache.pods == {}
+
+
+def test_bind_of_unknown_pod_is_an_error(client: TestClient) -> None:
+    r = client.post(
+        "/bind", json={"PodName": "x", "PodNamespace": "default", "PodUID": "u", "Node": "n-free"}
+    )
+    assert r.status_code == 200
+    assert r.json()["Error"] == "pod not found"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "fragment"),
+    [
+        ("/filter", b"{not json", 400, "malformed JSON"),
+        ("/filter", b"", 400, "empty request body"),
+        ("/filter", b'{"Pod": 5, "NodeNames": []}', 400, "invalid request"),
+        ("/filter", b'{"Pod": {"metadata": {"name": 1}}, "NodeNames": []}', 400, "invalid request"),
+        ("/filter", b'{"Pod": {}, "NodeNames": "n-free"}', 400, "invalid request"),
+        ("/prioritize", b"[]", 400, "invalid request"),
+        ("/bind", b'{"PodName": "p"}', 400, "invalid request"),
+        ("/bind", b'{"PodName": "", "PodNamespace": "d", "PodUID": "u", "Node": ""}', 400, "required"),
+        ("/preempt", b"null", 400, "invalid request"),
+        ("/filter", b"{" + b" " * (1 << 20) + b"}", 413, "larger than"),
+    ],
+    ids=[
+        "bad-json",
+        "empty",
+        "pod-type",
+        "name-type",
+        "names-type",
+        "prio-array",
+        "bind-missing",
+        "bind-empty",
+        "preempt-null",
+        "oversized",
+    ],
+)
+def test_bad_input_is_a_clear_4xx(
+    client: TestClient, path: str, body: bytes, status: int, fragment: str
+) -> None:
+    r = client.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status
+    assert fragment in r.text
+    assert "Traceback" not in r.text
+
+
+def test_preempt_drops_nodes_without_victims_and_hopeless_nodes(client: TestClient) -> None:
+    victims = {"Pods": [{"UID": "v1"}], "NumPDBViolations": 0}
+    body = {
+        "Pod": fakes.gpu_pod("p", gpu=2),
+        "NodeNameToVictims": None,
+        "NodeNameToMetaVictims": {
+            "n-two": victims,
+            "n-free": victims,  # one card: 2 cards can never fit
+            "n-full": {"Pods": [], "NumPDBViolations": 0},
+        },
+    }
+    r = client.post("/preempt", json=body)
+    assert r.status_code == 200
+    assert r.json() == {"NodeNameToMetaVictims": {"n-two": victims}}
+
+
+def test_health_ready_and_metrics(client: TestClient) -> None:
+    assert client.get("/healthz").text == "ok"
+    assert client.get("/readyz").status_code == 200
+    client.post("/filter", json=_args(fakes.gpu_pod("p", mem=8000), ["n-free", "n-full"]))
+    text = client.get("/metrics").text
+    assert 'gpuslice_filter_node_outcomes_total{reason="InsufficientGPUMemory"} 1.0' in text
+    assert 'gpuslice_extender_request_duration_seconds_count{verb="filter"} 1.0' in text
+    assert 'hami_gpu_memory_allocated_bytes{device_index="0",device_type="NVIDIA A100-SXM4-80GB",' in text
+    assert "hami_gpu_memory_limit_bytes" in text
+
+
+def test_readyz_is_503_until_synced(cache: fakes.FakeCache) -> None:
+    with TestClient(apps.create_app(fakes.make_deps(cache, ready=False))) as c:
+        assert c.get("/readyz").status_code == 503
+
+
+def test_filter_event_summarizes_reasons(cache: fakes.FakeCache) -> None:
+    deps = fakes.make_deps(cache)
+    with TestClient(apps.create_app(deps)) as c:
+        c.post("/filter", json=_args(fakes.gpu_pod("p", mem=8000), ["n-free", "n-full", "ghost"]))
+    assert isinstance(deps.events, fakes.RecordedEvents)
+    assert deps.events.events[-1] == (
+        "default/p",
+        "Normal",
+        "FilteringSucceed",
+        "Filter: 1/3 nodes feasible, 1 InsufficientGPUMemory, 1 NodeUnregistered",
+    )
+
+
+def test_settings_body_limit_applies(cache: fakes.FakeCache) -> None:
+    settings = config.Settings(body_limit_bytes=2048)
+    with TestClient(apps.create_app(fakes.make_deps(cache, settings=settings))) as c:
+        r = c.post("/filter", content=json.dumps(_args(fakes.gpu_pod("p"), ["n"] * 1000)))
+    assert r.status_code == 413
