@@ -19,10 +19,10 @@ from gpuslice.policy import quota as quotas
 class Snapshot:
     nodes: dict[str, nodes.NodeState]
     invalid_nodes: frozenset[str]
-    quotas: dict[str, quotas.QuotaView]
+    quota_views: dict[str, quotas.QuotaView]
 
     def quota(self, namespace: str) -> quotas.QuotaView | None:
-        return self.quotas.get(namespace)
+        return self.quota_views.get(namespace)
 
 
 class FakeCache:
