@@ -1,0 +1,116 @@
+"""Pod reads and writes: get, merge-patch annotations and labels, status, delete."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from gpuslice.codec import keys
+from gpuslice.kube import client as kclient
+from gpuslice.kube import objects
+
+_POD = msgspec.json.Decoder(objects.Pod)
+
+
+def path(namespace: str, name: str, subresource: str = "") -> str:
+    """API path of a pod (or one of its subresources)."""
+    base = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    return f"{base}/{subresource}" if subresource else base
+
+
+def decode(content: bytes) -> objects.Pod:
+    """Decode a Pod from JSON."""
+    return _POD.decode(content)
+
+
+async def get(kube: kclient.KubeClient, namespace: str, name: str) -> objects.Pod:
+    """Read a pod.
+
+    Raises:
+        errors.NotFound: no such pod.
+        errors.ApiError: any other failure.
+    """
+    resp = await kube.request("GET", path(namespace, name))
+    return decode(resp.content)
+
+
+def annotation_patch(
+    annotations: Mapping[str, str | None],
+    labels: Mapping[str, str | None] | None = None,
+    resource_version: str | None = None,
+    uid: str | None = None,
+) -> dict[str, Any]:
+    """The merge-patch body setting annotations/labels (None deletes a key).
+
+    A ``resource_version`` makes the patch compare-and-swap (409 when the object moved on); a
+    ``uid`` makes it fail when the pod was recreated under the same name (the apiserver answers
+    422: ``metadata.uid`` is immutable).
+    """
+    meta: dict[str, Any] = {"annotations": dict(annotations)}
+    if labels:
+        meta["labels"] = dict(labels)
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    if uid:
+        meta["uid"] = uid
+    return {"metadata": meta}
+
+
+async def patch_annotations(
+    kube: kclient.KubeClient,
+    namespace: str,
+    name: str,
+    annotations: Mapping[str, str | None],
+    *,
+    labels: Mapping[str, str | None] | None = None,
+    resource_version: str | None = None,
+    uid: str | None = None,
+) -> objects.Pod:
+    """Merge-patch a pod's annotations (and labels); returns the patched pod.
+
+    Raises:
+        errors.NotFound: no such pod.
+        errors.Conflict: ``resource_version`` did not match.
+        errors.Invalid: ``uid`` did not match.
+        errors.ApiError: any other failure.
+    """
+    body = annotation_patch(annotations, labels, resource_version, uid)
+    resp = await kube.request("PATCH", path(namespace, name), body=body, content_type=kclient.MERGE_PATCH)
+    return decode(resp.content)
+
+
+async def patch_allocation(
+    kube: kclient.KubeClient,
+    namespace: str,
+    name: str,
+    annotations: Mapping[str, str | None],
+    *,
+    uid: str | None = None,
+) -> objects.Pod:
+    """Write the bind-time annotation set and HAMi's ``hami.io/vgpu-node`` label in one patch.
+
+    The label gets the value of the ``hami.io/vgpu-node`` annotation when the set holds one.
+    """
+    node = annotations.get(keys.VGPU_NODE)
+    labels = {keys.VGPU_NODE: node} if node else None
+    return await patch_annotations(kube, namespace, name, annotations, labels=labels, uid=uid)
+
+
+async def patch_status(
+    kube: kclient.KubeClient, namespace: str, name: str, status: Mapping[str, Any]
+) -> objects.Pod:
+    """Merge-patch the pod's ``status`` through the ``/status`` subresource."""
+    resp = await kube.request(
+        "PATCH",
+        path(namespace, name, "status"),
+        body={"status": dict(status)},
+        content_type=kclient.MERGE_PATCH,
+    )
+    return decode(resp.content)
+
+
+async def delete(kube: kclient.KubeClient, namespace: str, name: str, grace_period_seconds: int = 0) -> None:
+    """Delete a pod (default: at once; no kubelet exists to confirm a graceful stop)."""
+    await kube.request("DELETE", path(namespace, name), params={"gracePeriodSeconds": grace_period_seconds})
