@@ -64,6 +64,7 @@ class FakeBinder:
         self.annotations: dict[str, dict[str, str]] = {}
         self.locks: dict[str, str] = {}
         self.bound: dict[str, str] = {}
+        self.plugin_releases_lock = False
 
     async def _step(self, op: str, *args: str) -> None:
         self.calls.append((op, *args))
@@ -102,6 +103,8 @@ class FakeBinder:
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         await self._step("bind", namespace, name, node)
         self.bound[f"{namespace}/{name}"] = node
+        if self.plugin_releases_lock:  # the device plugin's Allocate, instantly
+            self.locks.pop(node, None)
 
 
 class RecordedEvents:
