@@ -1,0 +1,32 @@
+"""The ``gpuslice`` command: a small dispatcher that imports each subcommand's module lazily.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``main(args) -> int``;
+only the module of the subcommand actually run is imported, so ``gpuslice simulate`` never loads the
+extender's web stack and vice versa.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": ("gpuslice.sim.cli", "replay the Alibaba GPU trace through the placement policies"),
+}
+"""Subcommand name -> (module, one-line help). Other tools add their line here."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and run one subcommand; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="gpuslice", description="Kubernetes GPU scheduler extender.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, text) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    module_name, text = SUBCOMMANDS[args.command]
+    module = importlib.import_module(module_name)
+    full = argparse.ArgumentParser(prog=f"gpuslice {args.command}", description=text)
+    module.add_arguments(full)
+    code: int = module.main(full.parse_args(rest))
+    return code

@@ -1,0 +1,196 @@
+"""FGD: Fragmentation Gradient Descent (Weng et al., USENIX ATC 2023), fgd-experiment.md section 6.6.
+
+A node's fragmentation against a target workload M is the GPU share that the expected tasks could
+not use there: ``F_n(M) = sum_m p_m F_n(m)``. FGD puts each pod where F grows least and, for a
+sharing pod, on the card where it grows least.
+
+F depends only on (model, free CPU, sorted free milli per card), and on the free CPU only through
+which shape CPU thresholds it reaches, so ``Fragmentation`` memoizes it on (model, CPU bucket,
+sorted free tuple).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping
+
+from gpuslice.model import nodes, requests
+from gpuslice.policy import registry, shares
+
+FreeCards = tuple[int, ...]
+
+
+def sigmoid_score(delta: float) -> int:
+    """``int(100 * sigmoid(delta / 1000))``: FGD's node score for a fragmentation decrease ``delta``."""
+    z = delta / 1000.0
+    if z < -700:
+        return 0
+    return int(100.0 * (1.0 / (1.0 + math.exp(-z))))
+
+
+class Fragmentation:
+    """Memoized fragmentation measure ``F_n(M)`` for one target workload."""
+
+    def __init__(self, workload: registry.Workload) -> None:
+        self.workload = workload
+        self._cpu_only = sum(
+            p for s, p in zip(workload.shapes, workload.weights, strict=True) if s.count == 0
+        )
+        self._gpu = [
+            (p, s.cpu_milli, s.share_milli, s.count, s.types)
+            for s, p in zip(workload.shapes, workload.weights, strict=True)
+            if s.count > 0
+        ]
+        self._thresholds = sorted({c for _, c, _, _, _ in self._gpu})
+        self._typed = any(types for *_, types in self._gpu)
+        self._memo: dict[tuple[str, int, FreeCards], float] = {}
+
+    def of(self, model: str, cpu_free: int, free: FreeCards) -> float:
+        """``F_n(M)`` in milli-GPU for a node with this model, free CPU and free milli per card."""
+        key = (
+            model if self._typed else "",
+            bisect.bisect_right(self._thresholds, cpu_free),
+            tuple(sorted(free)),
+        )
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._compute(model, cpu_free, key[2])
+            self._memo[key] = hit
+        return hit
+
+    def shape(self, model: str, cpu_free: int, free: FreeCards, shape: registry.Shape) -> int:
+        """``F_n(m)`` for one shape (unmemoized; for tests and reports)."""
+        total = sum(free)
+        if shape.count == 0 or not shares.type_allowed(model, shape.types):
+            return total
+        if cpu_free >= shape.cpu_milli and sum(1 for f in free if f >= shape.share_milli) >= shape.count:
+            return sum(f for f in free if f < shape.share_milli)
+        return total
+
+    def _compute(self, model: str, cpu_free: int, free: FreeCards) -> float:
+        total = sum(free)
+        out = self._cpu_only * total
+        for p, cpu, share, count, types in self._gpu:
+            if types and not shares.type_allowed(model, types):
+                out += p * total
+            elif cpu_free >= cpu and sum(1 for f in free if f >= share) >= count:
+                out += p * sum(f for f in free if f < share)
+            else:
+                out += p * total
+        return out
+
+
+def take_whole(free: FreeCards, count: int) -> FreeCards:
+    """The free list after a whole-card pod takes the ``count`` lowest-numbered fully free cards."""
+    out = list(free)
+    for i, f in enumerate(out):
+        if count == 0:
+            break
+        if f >= shares.FULL:
+            out[i] = 0
+            count -= 1
+    return tuple(out)
+
+
+def fgd_choice(
+    frag: Fragmentation,
+    model: str,
+    cpu_free: int,
+    free: FreeCards,
+    d: shares.Demand,
+    eligible: tuple[int, ...],
+) -> tuple[int, int]:
+    """FGD's (score, card) for a pod on a node; card -1 for a pod that does not pick by score.
+
+    Sharing pod: for each eligible card in ascending order, the score of the fragmentation change;
+    the first card reaching the maximum wins. Other pods: one score, cards chosen elsewhere.
+    """
+    old = frag.of(model, cpu_free, free)
+    cpu_after = cpu_free - d.cpu_milli
+    if not d.sharing:
+        after = take_whole(free, d.gpus) if d.gpus else free
+        return sigmoid_score(old - frag.of(model, cpu_after, after)), -1
+    best, card = -1, -1
+    seen: dict[int, int] = {}
+    for g in sorted(eligible):
+        f = free[g]
+        if f < d.share_milli:
+            continue
+        score = seen.get(f)
+        if score is None:
+            after = free[:g] + (f - d.share_milli,) + free[g + 1 :]
+            score = sigmoid_score(old - frag.of(model, cpu_after, after))
+            seen[f] = score
+        if score > best:
+            best, card = score, g
+    return max(best, 0), card
+
+
+class FGD:
+    """The FGD policy; the target workload comes from ``ctx.workload`` (the pod itself if absent)."""
+
+    name = "fgd"
+
+    def __init__(self) -> None:
+        self._frag: Fragmentation | None = None
+
+    def fragmentation(self, ctx: registry.Context, d: shares.Demand) -> Fragmentation:
+        """The memoized measure for the context's workload (rebuilt when the workload changes)."""
+        workload = ctx.workload or registry.Workload((shares.shape_of(d),), (1.0,))
+        cached = self._frag
+        if cached is not None and (cached.workload is workload or cached.workload == workload):
+            return cached
+        self._frag = Fragmentation(workload)
+        return self._frag
+
+    def score_node(
+        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
+    ) -> registry.Scored:
+        """``int(100 * sigmoid((F_old - F_new) / 1000))``, the best card's for a sharing pod."""
+        free = shares.free_milli(state)
+        d = shares.demand(pod, shares.card_memory(state))
+        eligible = tuple(range(len(free)))
+        score, _ = fgd_choice(
+            self.fragmentation(ctx, d), state.inventory.model, state.cpu_free_milli, free, d, eligible
+        )
+        return registry.Scored(score)
+
+    def choose_cards_for_pod(
+        self,
+        state: nodes.NodeState,
+        pod: requests.PodRequest,
+        request: requests.ContainerRequest,
+        eligible: tuple[int, ...],
+        ctx: registry.Context,
+    ) -> tuple[int, ...] | None:
+        """The card of least fragmentation growth for a sharing pod; lowest free cards otherwise."""
+        free = shares.free_milli(state)
+        d = shares.demand(pod, shares.card_memory(state))
+        share = shares.request_share(request, shares.card_memory(state))
+        if request.count == 1 and share < shares.FULL:
+            d = shares.Demand(d.cpu_milli, share, 1, d.types)
+            _, card = fgd_choice(
+                self.fragmentation(ctx, d), state.inventory.model, state.cpu_free_milli, free, d, eligible
+            )
+            return (card,) if card >= 0 else None
+        order = sorted(eligible)
+        return tuple(order[: request.count]) if len(order) >= request.count else None
+
+    def choose_cards(
+        self,
+        state: nodes.NodeState,
+        request: requests.ContainerRequest,
+        eligible: tuple[int, ...],
+        ctx: registry.Context,
+    ) -> tuple[int, ...] | None:
+        """As ``choose_cards_for_pod`` for a pod without host CPU (the card rule alone)."""
+        pod = requests.PodRequest(containers=(request,))
+        return self.choose_cards_for_pod(state, pod, request, eligible, ctx)
+
+
+def _build(args: Mapping[str, float]) -> registry.Policy:
+    return FGD()
+
+
+registry.register("fgd", _build)
