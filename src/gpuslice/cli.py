@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("gpuslice.sim.cli", "replay the Alibaba GPU trace through the placement policies"),
+    "agent": ("gpuslice.agent.cli", "node agent: publish GPU topology, health and telemetry from NVML"),
 }
 """Subcommand name -> (module, one-line help). Other tools add their line here."""
 
