@@ -1,0 +1,331 @@
+"""The agent's loop: discover, publish what changed, follow health events, sample telemetry.
+
+One thread (``Agent.run``) does every API call; the health watcher thread only queues changes and
+wakes it. Work is due by the monotonic clock (refresh period, telemetry period) or on demand
+(``request_refresh``: SIGHUP or ``POST /refresh``). Clocks and the backend factory are injected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import msgspec
+
+from gpuslice.agent import backend, collect, discover, health, metrics, publish
+from gpuslice.codec import keys
+from gpuslice.kube import nodes as kube_nodes
+from gpuslice.model import devices, nodes
+
+log = logging.getLogger(__name__)
+
+REASON_ASYMMETRIC = "AsymmetricGPUP2PLink"
+"""HAMi's Node event reason for a pair with different NVLink counts on each side."""
+REASON_NVML_UNAVAILABLE = "NVMLUnavailable"
+RETRY_S = 10.0
+"""How soon a failed round is retried."""
+
+
+class NodeApi(Protocol):
+    """What the agent needs from the API server about its own Node."""
+
+    def read(self) -> Mapping[str, str]:
+        """The Node's current annotations."""
+        ...
+
+    def patch(self, changes: Mapping[str, str | None]) -> None:
+        """Merge-patch annotations (None removes)."""
+        ...
+
+    def event(self, type_: str, reason: str, note: str, action: str) -> None:
+        """Record an event about the Node."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How the agent runs.
+
+    Attributes:
+        node_name: the Node to annotate.
+        register: also write ``hami.io/node-nvidia-register`` (no HAMi device plugin in the cluster).
+        registration: split count and scaling for the registration.
+        refresh_s: discovery period.
+        telemetry_s: telemetry sampling period.
+        quiet_period_s: how long a faulty card must stay quiet to be healthy again.
+        ignored_xids: XIDs that are not device faults.
+        watch_health: run the NVML event thread (off for one-shot runs).
+    """
+
+    node_name: str
+    register: bool = False
+    registration: discover.RegistrationConfig = dataclasses.field(default_factory=discover.RegistrationConfig)
+    refresh_s: float = 300.0
+    telemetry_s: float = 60.0
+    quiet_period_s: float = 300.0
+    ignored_xids: frozenset[int] = health.APPLICATION_XIDS
+    watch_health: bool = True
+
+
+class Report(msgspec.Struct, kw_only=True):
+    """The outcome of one discovery round (printed by ``--once``).
+
+    Attributes:
+        node: node name.
+        backend: what answered (or None when NVML is unavailable).
+        annotations: the values the agent wants on the Node.
+        patched: keys sent (or, without an API, that would be sent).
+        notes: what discovery could not read or found odd.
+        error: why nothing could be discovered, if so.
+    """
+
+    node: str
+    backend: str | None = None
+    annotations: dict[str, str] = msgspec.field(default_factory=dict)
+    patched: list[str] = msgspec.field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
+    error: str | None = None
+
+
+class Agent:
+    """The node agent.
+
+    Args:
+        settings: see ``Settings``.
+        open_backend: opens NVML (raises ``BackendError``); retried every round until it works.
+        api: the Node API; None = dry run (nothing is sent).
+        agent_metrics: gauges and counters to update.
+        clock: monotonic seconds (scheduling of work, health quiet period).
+        wall: unix seconds (telemetry timestamps).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        open_backend: Callable[[], backend.Backend],
+        api: NodeApi | None,
+        agent_metrics: metrics.AgentMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self._open = open_backend
+        self._api = api
+        self.metrics = agent_metrics
+        self._clock = clock
+        self._wall = wall
+        self._nvml: backend.Backend | None = None
+        self._records: collect.Records | None = None
+        self.watcher: health.Watcher | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._refresh_requested = False
+        self._pending: list[health.Change] = []
+        self._next_refresh = 0.0
+        self._next_telemetry = 0.0
+        self._nvml_error: str | None = None
+        self._asymmetric_seen: frozenset[tuple[int, int]] = frozenset()
+        self._published: dict[str, str] = {}
+        self._devices: tuple[devices.GpuDevice, ...] = ()
+        self._telemetry: tuple[nodes.CardTelemetry, ...] = ()
+        self.last_report = Report(node=settings.node_name)
+
+    # --- triggers (any thread) ---
+
+    def request_refresh(self) -> None:
+        """Ask for a discovery round now (SIGHUP, ``POST /refresh``)."""
+        with self._lock:
+            self._refresh_requested = True
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Interrupt the loop's wait (e.g. to notice a stop request)."""
+        self._wake.set()
+
+    def on_health_change(self, changes: list[health.Change]) -> None:
+        """Queue health changes from the watcher thread and wake the loop."""
+        with self._lock:
+            self._pending.extend(changes)
+        self._wake.set()
+
+    # --- the loop ---
+
+    def run(self, stop: threading.Event) -> None:
+        """Work until ``stop`` is set."""
+        while not stop.is_set():
+            delay = self.cycle()
+            self._wake.wait(delay)
+            self._wake.clear()
+
+    def cycle(self) -> float:
+        """Do whatever is due; returns the seconds until the next due work."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            requested, self._refresh_requested = self._refresh_requested, False
+        if pending:
+            self._apply_health(pending)
+        now = self._clock()
+        if requested or now >= self._next_refresh:
+            self.refresh()
+        now = self._clock()
+        if now >= self._next_telemetry:
+            self.publish_telemetry()
+        return max(0.0, min(self._next_refresh, self._next_telemetry) - self._clock())
+
+    def close(self) -> None:
+        """Stop the health thread and release NVML."""
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
+
+    # --- discovery and publishing ---
+
+    def _backend(self) -> backend.Backend | None:
+        if self._nvml is None:
+            try:
+                self._nvml = self._open()
+            except backend.BackendError as e:
+                self._nvml_failed(e)
+                return None
+            log.info("NVML backend: %s", self._nvml.describe())
+        return self._nvml
+
+    def _nvml_failed(self, e: backend.BackendError) -> None:
+        message = f"NVML unavailable ({e.reason}): {e}; keeping the published annotations, retrying"
+        self.metrics.nvml_up.set(0)
+        if message != self._nvml_error:
+            log.error("%s", message)
+            self._event("Warning", REASON_NVML_UNAVAILABLE, message, "Discover")
+        self._nvml_error = message
+
+    def refresh(self) -> Report:
+        """Discover and publish; NVML failures keep what is published and retry soon."""
+        now = self._clock()
+        self._next_refresh = now + self.settings.refresh_s
+        nvml = self._backend()
+        if nvml is None:
+            self._next_refresh = now + min(RETRY_S, self.settings.refresh_s)
+            self.metrics.refreshes.labels("nvml-unavailable").inc()
+            self.last_report = Report(node=self.settings.node_name, error=self._nvml_error)
+            return self.last_report
+        try:
+            records = collect.inventory(nvml)
+        except backend.BackendError as e:
+            nvml.close()
+            self._nvml = None
+            self._nvml_failed(e)
+            self._next_refresh = now + min(RETRY_S, self.settings.refresh_s)
+            self.metrics.refreshes.labels("nvml-unavailable").inc()
+            self.last_report = Report(node=self.settings.node_name, error=self._nvml_error)
+            return self.last_report
+        self._nvml_error = None
+        self.metrics.nvml_up.set(1)
+        self._records = records
+        self._start_watcher(nvml, records)
+        report = self._publish(records)
+        report.backend = nvml.describe()
+        self.metrics.refreshes.labels("ok" if report.error is None else "api-error").inc()
+        self.last_report = report
+        return report
+
+    def _start_watcher(self, nvml: backend.Backend, records: collect.Records) -> None:
+        if self.watcher is not None or not records.gpus or not self.settings.watch_health:
+            return
+        tracker = health.Tracker(
+            (g.index for g in records.gpus), self.settings.quiet_period_s, self.settings.ignored_xids
+        )
+        self.watcher = health.Watcher(nvml, tracker, self._clock, self.on_health_change)
+        self.watcher.start()
+
+    def _health(self) -> dict[int, bool]:
+        return self.watcher.healthy() if self.watcher is not None else {}
+
+    def _publish(self, records: collect.Records) -> Report:
+        found = discover.discover(records, self.settings.registration, self._health())
+        for note in found.notes:
+            log.info("discovery: %s", note)
+        desired = publish.topology_annotations(found, register=self.settings.register)
+        remove = publish.TOPOLOGY_KEYS if found.topology is None else ()
+        report = Report(node=self.settings.node_name, annotations=desired, notes=list(found.notes))
+        self._devices = found.devices
+        self.metrics.update_cards(
+            found.devices, self._telemetry, {g.uuid: g.memory_total_mib for g in records.gpus}
+        )
+        self._report_asymmetry(found)
+        try:
+            report.patched = self._patch(desired, remove)
+        except kube_nodes.NodeApiError as e:  # kept running, retried soon
+            report.error = f"publishing failed: {e}"
+            log.error("%s", report.error)
+            self._next_refresh = self._clock() + min(RETRY_S, self.settings.refresh_s)
+        return report
+
+    def _patch(self, desired: Mapping[str, str], remove: tuple[str, ...]) -> list[str]:
+        current = self._api.read() if self._api is not None else self._published
+        patch = publish.changes(current, desired, remove)
+        if patch and self._api is not None:
+            self._api.patch(patch)
+            self.metrics.patches.inc()
+            log.info("patched node %s: %s", self.settings.node_name, ", ".join(sorted(patch)))
+        for key, value in patch.items():
+            if value is None:
+                self._published.pop(key, None)
+            else:
+                self._published[key] = value
+        return sorted(patch)
+
+    def _report_asymmetry(self, found: discover.Discovery) -> None:
+        pairs = frozenset((a.a, a.b) for a in found.asymmetric)
+        new = pairs - self._asymmetric_seen
+        self._asymmetric_seen = pairs
+        for a in found.asymmetric:
+            if (a.a, a.b) in new:
+                note = f"GPU {a.a} counts {a.forward} NVLinks to GPU {a.b}, which counts {a.backward}"
+                self._event("Warning", REASON_ASYMMETRIC, note, "Discover")
+
+    def _apply_health(self, changes: list[health.Change]) -> None:
+        for c in changes:
+            self._event("Normal" if c.healthy else "Warning", c.reason, c.message, "HealthCheck")
+        if self._records is not None:
+            self.last_report = self._publish(self._records)
+
+    def publish_telemetry(self) -> tuple[dict[str, str], list[str]]:
+        """Sample readings and patch them when they changed (or the published ones went stale).
+
+        Returns:
+            The telemetry annotation wanted (empty without NVML) and the keys patched.
+        """
+        now = self._clock()
+        self._next_telemetry = now + self.settings.telemetry_s
+        if self._nvml is None or self._records is None:
+            return {}, []
+        gpus = self._records.gpus
+        self._telemetry = discover.card_telemetry(gpus, collect.telemetry(self._nvml, gpus))
+        self.metrics.update_cards(self._devices, self._telemetry, {g.uuid: g.memory_total_mib for g in gpus})
+        wall = self._wall()
+        desired = publish.telemetry_annotation(self._telemetry, wall)
+        try:
+            current = (self._api.read() if self._api is not None else self._published).get(keys.GPU_TELEMETRY)
+            if not publish.telemetry_changed(current, self._telemetry, wall, self.settings.refresh_s):
+                return desired, []
+            return desired, self._patch(desired, ())
+        except kube_nodes.NodeApiError as e:
+            log.error("publishing telemetry failed: %s", e)
+            self._next_telemetry = now + min(RETRY_S, self.settings.telemetry_s)
+            return desired, []
+
+    def _event(self, type_: str, reason: str, note: str, action: str) -> None:
+        self.metrics.events.labels(reason).inc()
+        if self._api is None:
+            log.info("event (dry run) %s %s: %s", type_, reason, note)
+            return
+        try:
+            self._api.event(type_, reason, note, action)
+        except kube_nodes.NodeApiError as e:
+            log.error("recording event %s failed: %s", reason, e)
