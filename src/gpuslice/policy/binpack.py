@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuslice.model import nodes, requests
-from gpuslice.policy import registry, usage
+from gpuslice.policy import columns, registry, usage
 
 
 class Binpack:
@@ -23,6 +23,12 @@ class Binpack:
     ) -> registry.Scored:
         """Higher for fuller nodes."""
         return registry.Scored(usage.node_usage_score(state, pod, self.wm, self.wc))
+
+    def score_columns(
+        self, cols: columns.NodeColumns, rows: columns.IntArray, pod: requests.PodRequest
+    ) -> columns.IntArray:
+        """``score_node`` for many rows at once."""
+        return usage.node_usage_scores(cols, rows, pod, self.wm, self.wc)
 
     def choose_cards(
         self,

@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
+
 from gpuslice.model import nodes, requests
-from gpuslice.policy import fit, registry
+from gpuslice.policy import columns, fit, registry
 
 DEFAULT_MEMORY_WEIGHT = 0.6
 DEFAULT_CORES_WEIGHT = 0.4
@@ -74,3 +76,30 @@ def choose_by_key(
     sign = -1.0 if fullest else 1.0
     ranked = sorted(eligible, key=lambda i: (sign * card_key(state, i, req, wm, wc), i))
     return tuple(ranked[: req.count])
+
+
+def node_usage_scores(
+    cols: columns.NodeColumns, rows: columns.IntArray, pod: requests.PodRequest, wm: float, wc: float
+) -> columns.IntArray:
+    """``node_usage_score`` for many rows at once (same float operations, same results)."""
+    tm = cols.total_mem[rows].sum(axis=1)
+    um = cols.used_mem[rows].sum(axis=1)
+    tc = cols.total_cores[rows].sum(axis=1)
+    uc = cols.used_cores[rows].sum(axis=1)
+    if any(
+        c is not None and c.memory_mib <= 0 and c.memory_percentage != requests.MEMORY_PERCENTAGE_UNSET
+        for c in pod.containers
+    ):
+        uniq, inverse = np.unique(cols.first_mem[rows], return_inverse=True)
+        per = np.array([fit.demand(pod, int(m)) for m in uniq], np.int64).reshape(-1, 2)
+        dm, dc = per[inverse, 0], per[inverse, 1]
+    else:
+        dm_, dc_ = fit.demand(pod, 0)
+        dm, dc = np.int64(dm_), np.int64(dc_)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r_mem = np.where(tm > 0, np.minimum(1.0, (um + dm) / np.where(tm > 0, tm, 1)), 0.0)
+        r_cores = np.where(tc > 0, np.minimum(1.0, (uc + dc) / np.where(tc > 0, tc, 1)), 0.0)
+    u = wm * r_mem + wc * r_cores
+    out = np.minimum(registry.MAX_SCORE, np.floor(registry.MAX_SCORE * u + 0.5)).astype(np.int64)
+    out[cols.ncards[rows] == 0] = 0
+    return out

@@ -1,0 +1,98 @@
+"""batch.evaluate: the vectorised fast path says exactly what fit.place and score_node say."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuslice.model import nodes, requests, status
+from gpuslice.policy import batch, columns, fit, quota, registry
+from tests.unit.builders import node, pod
+from tests.unit.policy import strategies
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("policy_name", ["binpack", "spread"])
+@settings(max_examples=150, deadline=None)
+@given(
+    states=st.lists(st.integers(0, 10**6), min_size=1, max_size=6).flatmap(
+        lambda ids: st.tuples(*[strategies.node_states(name=f"n{i}") for i in range(len(ids))])
+    ),
+    req=strategies.simple_pods(),
+)
+def test_fast_path_matches_place(
+    policy_name: str, states: tuple[nodes.NodeState, ...], req: requests.PodRequest
+) -> None:
+    policy = registry.get(policy_name)
+    by_name = {s.name: s for s in states}
+    cols = columns.build(list(states))
+    names = [s.name for s in states] + ["ghost"]
+    assert batch.fast_request(req, None) is not None
+    ev = batch.evaluate(by_name, cols, names, req, policy, policy)
+    slow = batch.evaluate(by_name, None, names, req, policy, policy)
+    for i, name in enumerate(names):
+        if name == "ghost":
+            assert ev.failures[name][0] == status.Status(
+                status.Code.UNRESOLVABLE, (status.NODE_UNREGISTERED,)
+            )
+            continue
+        p = fit.place(by_name[name], req, policy)
+        assert bool(ev.feasible[i]) == p.status.ok
+        assert bool(slow.feasible[i]) == p.status.ok
+        if p.status.ok:
+            assert ev.scores[i] == policy.score_node(by_name[name], req, registry.EMPTY_CONTEXT).score
+            assert slow.scores[i] == ev.scores[i]
+        else:
+            assert ev.failures[name] == (p.status, p.card_reasons)
+            assert slow.failures[name] == ev.failures[name]
+
+
+def test_slow_path_for_selectors_and_quota() -> None:
+    assert batch.fast_request(pod().gpu(1).types("a100").obj(), None) is None
+    assert batch.fast_request(pod().gpu(1).obj(), quota.QuotaView(count_limit=1)) is None
+    assert batch.fast_request(pod().gpu(1).obj(), quota.QuotaView()) is not None
+    assert batch.fast_request(pod().init_gpu(1).gpu(1).obj(), None) is None
+    assert batch.fast_request(pod().gpu(1).gpu(1).obj(), None) is None
+
+
+def test_ranked_and_choose() -> None:
+    # binpack: n-full has 60000 of 81920 used -> higher score than n-empty; n-tiny cannot fit
+    states = {
+        "n-empty": node("n-empty").gpus(1).state(),
+        "n-full": node("n-full").gpus(1).used(0, memory=60000).state(),
+        "n-tiny": node("n-tiny").gpus(1, memory=1000).state(),
+    }
+    cols = columns.build(states)
+    bp = registry.get("binpack")
+    req = pod().gpu(1, memory=8000).obj()
+    ev = batch.evaluate(states, cols, list(states), req, bp, bp)
+    assert ev.ranked() == ["n-full", "n-empty"]
+    assert ev.failures["n-tiny"][0] == status.Status(
+        status.Code.UNRESOLVABLE, (status.INSUFFICIENT_GPU_MEMORY,)
+    )
+    got = batch.choose(states, ev, req, bp)
+    assert got is not None
+    assert got.allocation is not None
+    assert got.allocation.node == "n-full"
+
+
+def test_columns_builder_reuses_rows_and_grows() -> None:
+    b = columns.ColumnsBuilder(rows=1, cards=1)
+    b.set(node("a").gpus(1).state())
+    b.set(node("b").gpus(3).state())
+    frozen = b.freeze()
+    assert frozen.ncards[frozen.row_of["b"]] == 3
+    b.remove("a")
+    b.set(node("c").gpus(2).state())
+    after = b.freeze()
+    assert after.row_of["c"] == frozen.row_of["a"]
+    assert list(after.card_state[after.row_of["c"]]) == [
+        columns.CARD_OK,
+        columns.CARD_OK,
+        columns.CARD_ABSENT,
+    ]
+    assert frozen.ncards[frozen.row_of["a"]] == 1  # the old view is unchanged
+    with pytest.raises(ValueError):
+        after.used_mem[0, 0] = 1
