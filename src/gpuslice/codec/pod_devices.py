@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuslice.codec import errors, goparse, instants, keys
+from gpuslice.codec import errors, goparse, instants, keys, podspec
 from gpuslice.model import allocations
 
 _MISSING_FIELDS = "pod annotation format error, missing fields, do not use nodeName in task spec"
@@ -148,6 +148,8 @@ def allocation_from_annotations(
     value = annotations.get(keys.DEVICES_ALLOCATED)
     if node is None or value is None:
         return None
+    if not isinstance(node, str) or not isinstance(value, str):
+        raise errors.DecodeError(keys.DEVICES_ALLOCATED, "value", "pod annotations must be strings")
     containers = decode_for_containers(value, container_count)
     return allocations.PodAllocation(node=node, containers=containers, init_count=init_count)
 
@@ -158,13 +160,8 @@ def allocation_from_pod(pod: Mapping[str, Any]) -> allocations.PodAllocation | N
     Raises:
         DecodeError: a malformed device annotation or pod structure.
     """
-    metadata = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    annotations = metadata.get("annotations") or {}
-    init = spec.get("initContainers") or []
-    app = spec.get("containers") or []
-    if not isinstance(annotations, Mapping) or not isinstance(init, list) or not isinstance(app, list):
-        raise errors.DecodeError("pod", "metadata.annotations/spec", "pod structure is not a Kubernetes pod")
+    init = podspec.containers(pod, "initContainers")
+    app = podspec.containers(pod, "containers")
     return allocation_from_annotations(
-        annotations, init_count=len(init), container_count=len(init) + len(app)
+        podspec.pod_annotations(pod), init_count=len(init), container_count=len(init) + len(app)
     )

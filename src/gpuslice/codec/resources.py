@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from gpuslice.codec import errors, goparse, pod_selectors, quantity
+from gpuslice.codec import goparse, pod_selectors, podspec, quantity
 from gpuslice.model import config as model_config
 from gpuslice.model import requests
 
@@ -114,31 +114,6 @@ def webhook_request(
     return req
 
 
-def _mapping(value: object, resource: str, field: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise errors.DecodeError(resource, field, f"expected an object, got {type(value).__name__}")
-    return value
-
-
-def _containers(spec: Mapping[str, Any], field: str) -> list[Mapping[str, Any]]:
-    value = spec.get(field)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise errors.DecodeError("pod", f"spec.{field}", f"expected a list, got {type(value).__name__}")
-    return [_mapping(c, "pod", f"spec.{field}[{i}]") for i, c in enumerate(value)]
-
-
-def _resources(container: Mapping[str, Any], where: str) -> tuple[ResourceList, ResourceList]:
-    res = _mapping(container.get("resources"), "pod", f"{where}.resources")
-    return (
-        _mapping(res.get("limits"), "pod", f"{where}.resources.limits"),
-        _mapping(res.get("requests"), "pod", f"{where}.resources.requests"),
-    )
-
-
 def container_request(
     container: Mapping[str, Any], config: model_config.RequestConfig, where: str = "container"
 ) -> requests.ContainerRequest | None:
@@ -147,7 +122,7 @@ def container_request(
     Raises:
         DecodeError: a malformed container or quantity.
     """
-    limits, reqs = _resources(container, where)
+    limits, reqs = podspec.resources(container, where)
     if config.exclusive_whole_card:
         return webhook_request(limits, reqs, config)
     return generate_request(limits, reqs, config)
@@ -165,7 +140,7 @@ def _host_usage(init: list[Mapping[str, Any]], app: list[Mapping[str, Any]]) -> 
     """Effective CPU (milli) and memory (MiB): max(largest init container, sum of app containers)."""
 
     def one(c: Mapping[str, Any], where: str) -> tuple[int, int]:
-        limits, reqs = _resources(c, where)
+        limits, reqs = podspec.resources(c, where)
         return _host(limits, reqs, "cpu", True), _host(limits, reqs, "memory", False)
 
     inits = [one(c, f"spec.initContainers[{i}]") for i, c in enumerate(init)]
@@ -183,11 +158,10 @@ def parse_pod(
     Raises:
         DecodeError: a malformed pod structure, quantity or ``hami.io/numa-hint``.
     """
-    metadata = _mapping(pod.get("metadata"), "pod", "metadata")
-    spec = _mapping(pod.get("spec"), "pod", "spec")
-    annotations = _mapping(metadata.get("annotations"), "pod", "metadata.annotations")
-    init = _containers(spec, "initContainers")
-    app = _containers(spec, "containers")
+    metadata = podspec.metadata(pod)
+    annotations = podspec.pod_annotations(pod)
+    init = podspec.containers(pod, "initContainers")
+    app = podspec.containers(pod, "containers")
     containers = tuple(
         [container_request(c, config, f"spec.initContainers[{i}]") for i, c in enumerate(init)]
         + [container_request(c, config, f"spec.containers[{i}]") for i, c in enumerate(app)]
