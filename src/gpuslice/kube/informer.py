@@ -1,0 +1,272 @@
+"""List+watch informer: a correct cache feed for one kind.
+
+The loop (kopf's ``watching.py`` shape, plus the relist diff client-go's reflector does)::
+
+    list (paged: limit/continue) -> emit ADDED/MODIFIED per object -> emit DELETED for known
+    objects the list no longer has -> emit LISTED -> watch from the list's resourceVersion with
+    allowWatchBookmarks=true -> on a normal end (timeoutSeconds) watch again from the last
+    resourceVersion seen (bookmarks advance it) -> on 410 Gone: list again, never re-watch at a
+    stale resourceVersion -> every ``resync_s`` list again anyway (drift safety net).
+
+Other failures (5xx, connection loss) mark the informer unhealthy and retry the watch at the
+last resourceVersion after a capped exponential backoff; if that resourceVersion has been
+compacted meanwhile the server answers 410 and the informer relists.
+
+Handlers are plain synchronous callables (the cache is synchronous); an exception in a handler
+is logged and does not stop the feed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Generic, NamedTuple, TypeVar
+
+import msgspec
+
+from gpuslice.kube import client as kclient
+from gpuslice.kube import errors, kinds, objects
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_PAGE_SIZE = 500
+DEFAULT_WATCH_TIMEOUT_S = 300
+DEFAULT_RESYNC_S = 1800.0
+BACKOFF_MIN_S = 0.2
+BACKOFF_MAX_S = 30.0
+
+_EVENT = msgspec.json.Decoder(objects.WatchEvent)
+_STATUS = msgspec.json.Decoder(objects.Status)
+
+
+class _MetaOnly(msgspec.Struct):
+    metadata: objects.ObjectMeta = objects.ObjectMeta()
+
+
+_META_ONLY = msgspec.json.Decoder(_MetaOnly)
+
+
+class EventType(enum.Enum):
+    """What happened to an object (LISTED: a (re)list finished; the store is complete)."""
+
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+    LISTED = "LISTED"
+
+
+class Event(NamedTuple, Generic[T]):
+    """One change; ``obj`` is None only for LISTED (for DELETED it is the last known state)."""
+
+    type: EventType
+    obj: T | None
+
+
+Handler = Callable[[Event[T]], None]
+
+
+def retry_delay(failures: int, rng: Callable[[], float]) -> float:
+    """Backoff after ``failures`` consecutive failures (>= 1): 0.2 s doubling, capped at 30 s, +-25 %."""
+    base = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2.0 ** (failures - 1))
+    return base * (0.75 + 0.5 * rng())
+
+
+class Informer(Generic[T]):
+    """Keeps ``store`` equal to the server's collection and tells ``handler`` every change.
+
+    Args:
+        kube: the API client.
+        kind: what to watch (``kinds.NODES``, ``kinds.PODS``, ``kinds.QUOTAS`` or a variant).
+        handler: called with every event, in order.
+        page_size: list page size (``limit``).
+        watch_timeout_s: ``timeoutSeconds`` of each watch request.
+        resync_s: relist period (<= 0: never; 410 still relists).
+        label_selector: optional ``labelSelector``.
+        field_selector: optional ``fieldSelector``.
+        clock: monotonic seconds (resync schedule).
+        sleep: async sleep (retry backoff).
+        rng: jitter source.
+    """
+
+    def __init__(
+        self,
+        kube: kclient.KubeClient,
+        kind: kinds.Kind[T],
+        handler: Handler[T],
+        *,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        watch_timeout_s: int = DEFAULT_WATCH_TIMEOUT_S,
+        resync_s: float = DEFAULT_RESYNC_S,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
+    ):
+        self.kube = kube
+        self.kind = kind
+        self.handler = handler
+        self.page_size = page_size
+        self.watch_timeout_s = watch_timeout_s
+        self.resync_s = resync_s
+        self._selectors: dict[str, str] = {}
+        if label_selector:
+            self._selectors["labelSelector"] = label_selector
+        if field_selector:
+            self._selectors["fieldSelector"] = field_selector
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng
+        self.store: dict[str, T] = {}
+        self.resource_version = ""
+        self.synced = False
+        """True once the first list completed (stays True afterwards)."""
+        self.healthy = False
+        """True while the last list or watch request succeeded."""
+        self.lists = 0
+        self.gone = 0
+        """How many times a 410 forced a relist."""
+        self.restarts = 0
+        """How many times a failure (not a normal watch end) restarted the loop."""
+        self.last_error: errors.ApiError | None = None
+
+    def _emit(self, event: Event[T]) -> None:
+        try:
+            self.handler(event)
+        except Exception:
+            log.exception("%s informer: handler failed on %s", self.kind.name, event.type.value)
+
+    async def relist(self) -> str:
+        """List every object (paged), emit the differences to ``store`` and LISTED.
+
+        Returns:
+            The collection's resourceVersion (where the next watch starts).
+        """
+        seen: dict[str, T] = {}
+        cont = ""
+        rv = ""
+        while True:
+            params: dict[str, str | int | bool] = {"limit": self.page_size, **self._selectors}
+            if cont:
+                params["continue"] = cont
+            try:
+                resp = await self.kube.request("GET", self.kind.path, params=params)
+            except errors.Gone:
+                if not cont:
+                    raise
+                log.info("%s informer: list continue token expired; listing from the start", self.kind.name)
+                seen.clear()
+                cont = ""
+                continue
+            page = self.kind.list_decoder.decode(resp.content)
+            for obj in page.items:
+                meta = self.kind.meta(obj)
+                key = objects.object_key(meta)
+                seen[key] = obj
+                old = self.store.get(key)
+                if old is None:
+                    self.store[key] = obj
+                    self._emit(Event(EventType.ADDED, obj))
+                elif self.kind.meta(old).resource_version != meta.resource_version:
+                    self.store[key] = obj
+                    self._emit(Event(EventType.MODIFIED, obj))
+            rv = page.metadata.resource_version
+            cont = page.metadata.continue_
+            if not cont:
+                break
+        for key in [k for k in self.store if k not in seen]:
+            self._emit(Event(EventType.DELETED, self.store.pop(key)))
+        self.lists += 1
+        self.synced = True
+        self.healthy = True
+        self.resource_version = rv
+        self._emit(Event(EventType.LISTED, None))
+        return rv
+
+    def _apply(self, kind: str, raw: msgspec.Raw) -> None:
+        """Apply one watch event to the store and emit it."""
+        if kind == "BOOKMARK":
+            self.resource_version = _META_ONLY.decode(raw).metadata.resource_version
+            return
+        obj = self.kind.decoder.decode(raw)
+        meta = self.kind.meta(obj)
+        key = objects.object_key(meta)
+        if kind == "DELETED":
+            self.store.pop(key, None)
+            self._emit(Event(EventType.DELETED, obj))
+        elif kind in ("ADDED", "MODIFIED"):
+            self.store[key] = obj
+            self._emit(Event(EventType.MODIFIED if kind == "MODIFIED" else EventType.ADDED, obj))
+        if meta.resource_version:
+            self.resource_version = meta.resource_version
+
+    async def watch(self, timeout_s: int) -> None:
+        """Watch from ``resource_version`` until the server ends the stream.
+
+        Raises:
+            errors.Gone: the resourceVersion is too old; the caller must relist.
+            errors.ApiError: any other failure.
+        """
+        params: dict[str, str | int | bool] = {
+            "watch": "true",
+            "resourceVersion": self.resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_s,
+            **self._selectors,
+        }
+        async with self.kube.stream(self.kind.path, params=params, read_timeout=timeout_s + 30.0) as resp:
+            self.healthy = True
+            async for line in resp.aiter_lines():
+                if not line:
+                    continue
+                event = _EVENT.decode(line)
+                if event.type == "ERROR":
+                    status = _STATUS.decode(event.object)
+                    raise errors.class_for(status.code or 500)(
+                        f"watch {self.kind.path}: {status.message}", code=status.code, reason=status.reason
+                    )
+                self._apply(event.type, event.object)
+
+    async def run(self, iterations: int | None = None) -> None:
+        """Run the list/watch loop until cancelled (or for ``iterations`` watch requests, in tests)."""
+        failures = 0
+        next_resync = self._clock() + self.resync_s
+        done = 0
+        while iterations is None or done < iterations:
+            try:
+                if not self.resource_version or (self.resync_s > 0 and self._clock() >= next_resync):
+                    await self.relist()
+                    next_resync = self._clock() + self.resync_s
+                timeout = self.watch_timeout_s
+                if self.resync_s > 0:
+                    timeout = max(1, min(timeout, int(next_resync - self._clock()) + 1))
+                done += 1
+                await self.watch(timeout)
+                failures = 0
+            except errors.Gone as exc:
+                self.gone += 1
+                self.last_error = exc
+                log.info("%s informer: %s; relisting", self.kind.name, exc)
+                self.resource_version = ""
+            except errors.ApiError as exc:
+                failures += 1
+                self.restarts += 1
+                self.healthy = False
+                self.last_error = exc
+                delay = retry_delay(failures, self._rng)
+                log.warning("%s informer: %s; retrying in %.1fs", self.kind.name, exc, delay)
+                await self._sleep(delay)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                failures += 1
+                self.restarts += 1
+                self.healthy = False
+                self.last_error = errors.ApiServerError(f"{self.kind.path}: undecodable answer: {exc}")
+                log.warning("%s informer: undecodable answer (%s); relisting", self.kind.name, exc)
+                self.resource_version = ""
+                await self._sleep(retry_delay(failures, self._rng))
