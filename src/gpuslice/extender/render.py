@@ -10,6 +10,7 @@ placed without its cards), and ``percentageOfNodesToScore: 100`` so every feasib
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -92,9 +93,8 @@ def scheduler_config_yaml(**kwargs: Any) -> str:
     return yaml.safe_dump(scheduler_config(**kwargs), sort_keys=False)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``gpuslice render`` argument parser."""
-    parser = argparse.ArgumentParser(prog="gpuslice render", description="Print generated configuration.")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``gpuslice render`` flags: one subcommand per generated artefact."""
     sub = parser.add_subparsers(dest="what", required=True)
     sc = sub.add_parser("scheduler-config", help="KubeSchedulerConfiguration calling gpuslice")
     sc.add_argument("--url", default=DEFAULT_URL, help="extender URL prefix")
@@ -104,12 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--http-timeout", default=DEFAULT_HTTP_TIMEOUT)
     sc.add_argument("--no-preempt", action="store_true", help="leave out preemptVerb")
     sc.add_argument("--leader-elect", action="store_true")
-    return parser
 
 
-def main(argv: Sequence[str]) -> int:
-    """Entry point of ``gpuslice render``."""
-    args = build_parser().parse_args(list(argv))
+def main(args: argparse.Namespace) -> int:
+    """Entry point of ``gpuslice render``: print the artefact to stdout."""
     try:
         text = scheduler_config_yaml(
             url=args.url,
@@ -121,7 +119,14 @@ def main(argv: Sequence[str]) -> int:
             leader_elect=args.leader_elect,
         )
     except ValueError as err:
-        print(f"gpuslice render: {err}")
+        print(f"gpuslice render: {err}", file=sys.stderr)
         return 2
     print(text, end="")
     return 0
+
+
+def run(argv: Sequence[str]) -> int:
+    """Parse ``argv`` (without ``render``) and run."""
+    parser = argparse.ArgumentParser(prog="gpuslice render", description="Print generated configuration.")
+    add_arguments(parser)
+    return main(parser.parse_args(list(argv)))
