@@ -100,6 +100,7 @@ def create_app(deps: Deps) -> Starlette:
     limit = deps.settings.body_limit_bytes
     m = deps.metrics
     log = deps.log
+    score_memo = binds.Memo(1024)  # uid -> (generation, scores) from filter, for prioritize
 
     def endpoint(
         verb: str, handle: Callable[[bytes], Awaitable[bytes]]
@@ -135,8 +136,11 @@ def create_app(deps: Deps) -> Starlette:
                 f"invalid request: {pod}",
             )
         else:
-            outcome = scheduling.filter_nodes(deps.cache.snapshot(), pod, names, deps.policies, log)
+            snap = deps.cache.snapshot()
+            outcome = scheduling.filter_nodes(snap, pod, names, deps.policies, log)
             deps.flow.remember(pod)
+            if pod.uid and outcome.scores:
+                score_memo.put(pod.uid, (view.generation(snap), outcome.scores))
             kind, reason = (
                 ("Normal", "FilteringSucceed") if outcome.feasible else ("Warning", "FilteringFailed")
             )
@@ -162,7 +166,13 @@ def create_app(deps: Deps) -> Starlette:
         if isinstance(pod, str):
             scores = dict.fromkeys(names, 0)
         else:
-            scores = scheduling.score_nodes(deps.cache.snapshot(), pod, names, deps.policies, log)
+            snap = deps.cache.snapshot()
+            memo = score_memo.pop(pod.uid, None)
+            gen = view.generation(snap)
+            if memo is not None and gen is not None and memo[0] == gen and all(n in memo[1] for n in names):
+                scores = {n: memo[1][n] for n in names}
+            else:
+                scores = scheduling.score_nodes(snap, pod, names, deps.policies, log)
             deps.flow.remember_scores(pod.uid, scores)
         out = wire.priorities(scores)
         for hp in out:

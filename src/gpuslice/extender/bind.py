@@ -48,7 +48,7 @@ class NoEvents:
         """Drop the event."""
 
 
-class _Memo(collections.OrderedDict[str, Any]):
+class Memo(collections.OrderedDict[str, Any]):
     """A small LRU map."""
 
     def __init__(self, size: int = _MEMO_SIZE) -> None:
@@ -56,6 +56,7 @@ class _Memo(collections.OrderedDict[str, Any]):
         self._size = size
 
     def put(self, key: str, value: Any) -> None:
+        """Insert or refresh ``key``, evicting the oldest entry beyond the size."""
         self[key] = value
         self.move_to_end(key)
         while len(self) > self._size:
@@ -80,9 +81,9 @@ class BindFlow:
     log: logs.Log
     metrics: metrics.Metrics
     events: Events = dataclasses.field(default_factory=NoEvents)
-    _pods: _Memo = dataclasses.field(default_factory=_Memo)
-    _scores: _Memo = dataclasses.field(default_factory=_Memo)
-    _done: _Memo = dataclasses.field(default_factory=_Memo)
+    _pods: Memo = dataclasses.field(default_factory=Memo)
+    _scores: Memo = dataclasses.field(default_factory=Memo)
+    _done: Memo = dataclasses.field(default_factory=Memo)
     _locks: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
 
     def remember(self, pod: requests.PodRequest) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from gpuslice.model import allocations, nodes, status
+from gpuslice.policy import columns as policy_columns
 from gpuslice.policy import quota as quotas
 from gpuslice.policy import registry
 
@@ -46,6 +47,18 @@ def node_problem(snap: Any, name: str) -> str:
     if invalid is not None and name in invalid:
         return status.NODE_REGISTRATION_INVALID
     return status.NODE_UNREGISTERED
+
+
+def columns(snap: Any) -> policy_columns.NodeColumns | None:
+    """The snapshot's nodes packed for the vectorised filter, when the cache builds them."""
+    cols: policy_columns.NodeColumns | None = getattr(snap, "columns", None)
+    return cols
+
+
+def generation(snap: Any) -> int | None:
+    """The cache generation the snapshot reflects, when known."""
+    gen: int | None = getattr(snap, "generation", None)
+    return gen
 
 
 def states(snap: Any) -> Iterable[nodes.NodeState]:

@@ -12,6 +12,7 @@ from gpuslice.extender import bind as binds
 from gpuslice.extender import binder as binders
 from gpuslice.extender import config, logs, metrics, scheduling
 from gpuslice.model import allocations, nodes
+from gpuslice.policy import columns
 from gpuslice.policy import quota as quotas
 
 
@@ -20,6 +21,8 @@ class Snapshot:
     nodes: dict[str, nodes.NodeState]
     invalid_nodes: frozenset[str]
     quota_views: dict[str, quotas.QuotaView]
+    columns: columns.NodeColumns
+    generation: int
 
     def quota(self, namespace: str) -> quotas.QuotaView | None:
         return self.quota_views.get(namespace)
@@ -33,12 +36,16 @@ class FakeCache:
         self.invalid = invalid
         self.pods: dict[str, tuple[str, allocations.PodAllocation, bool]] = {}
         self.quotas: dict[str, quotas.QuotaView] = {}
+        self.generation = 0
 
     def snapshot(self) -> Snapshot:
         out = dict(self.base)
         for _, alloc, _ in self.pods.values():
             out[alloc.node] = allocations.apply(out[alloc.node], alloc)
-        return Snapshot(out, self.invalid, dict(self.quotas))
+        self.generation += 1
+        return Snapshot(
+            out, self.invalid, dict(self.quotas), columns.build(list(out.values())), self.generation
+        )
 
     def assume(self, key: str, uid: str, allocation: allocations.PodAllocation, now: float) -> None:
         if key in self.pods:
