@@ -101,6 +101,7 @@ def create_app(deps: Deps) -> Starlette:
     m = deps.metrics
     log = deps.log
     score_memo = binds.Memo(1024)  # uid -> (generation, scores) from filter, for prioritize
+    seen = binds.Memo(20_000)  # pods already counted in the workload histogram
 
     def endpoint(
         verb: str, handle: Callable[[bytes], Awaitable[bytes]]
@@ -137,6 +138,9 @@ def create_app(deps: Deps) -> Starlette:
             )
         else:
             snap = deps.cache.snapshot()
+            if pod.wants_gpu and pod.uid not in seen:
+                seen.put(pod.uid, True)
+                view.observe(deps.cache, scheduling.shape(snap, pod, names))
             outcome = scheduling.filter_nodes(snap, pod, names, deps.policies, log)
             deps.flow.remember(pod)
             if pod.uid and outcome.scores:

@@ -165,8 +165,20 @@ class BindFlow:
             return f"pod no longer fits node {node}: {','.join(placement.status.reasons)}"
         alloc = placement.allocation
         now = self.clock()
-        # No await between the snapshot above and this reservation: concurrent binds see it.
-        self.cache.assume(key, uid, alloc, now)
+        # No await between the snapshot above and this reservation: concurrent binds see it. The
+        # cache checks the cards again atomically and refuses what is no longer free.
+        try:
+            verdict = self.cache.assume(key, uid, alloc, now)
+        except ValueError:
+            # Already in the cache: confirmed by the watch or assumed by an earlier call.
+            if await self._bound_anyway(ns, name, uid, node):
+                self.metrics.binds.labels("repeat").inc()
+                return ""
+            self.metrics.binds.labels("rejected").inc()
+            return f"pod {key} already holds an allocation"
+        if isinstance(verdict, status.Status) and not verdict.ok:
+            self.metrics.binds.labels("no_fit").inc()
+            return f"pod no longer fits node {node}: {','.join(verdict.reasons)}"
         return await self._commit(ns, name, uid, node, key, alloc, now)
 
     async def _commit(

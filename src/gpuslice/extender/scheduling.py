@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuslice.extender import logs, view
 from gpuslice.model import requests, status
-from gpuslice.policy import batch, fit, registry
+from gpuslice.policy import batch, fit, registry, shares
 
 FEASIBLE = "Feasible"
 
@@ -193,6 +193,17 @@ def score_nodes(
         if verbose:
             log.v(4, "score node", pod=pod.name, node=name, policy=node_policy.name, score=score)
     return out
+
+
+def shape(snap: Any, pod: requests.PodRequest, names: Sequence[str]) -> registry.Shape:
+    """The pod's shape for the workload histogram (shares relative to the first known node's cards)."""
+    card_memory = 0
+    for name in names:
+        state = view.node_state(snap, name)
+        if state is not None and state.inventory.devices:
+            card_memory = state.inventory.devices[0].memory_mib
+            break
+    return shares.shape_of(shares.demand(pod, card_memory))
 
 
 def summary(outcome: FilterOutcome) -> str:

@@ -35,6 +35,13 @@ class Cache(Protocol):
         ...
 
 
+def observe(cache: Cache, shape: registry.Shape) -> None:
+    """Feed the cache's recent-request histogram, when it keeps one."""
+    observe_request = getattr(cache, "observe_request", None)
+    if observe_request is not None:
+        observe_request(shape)
+
+
 def node_state(snap: Any, name: str) -> nodes.NodeState | None:
     """The node's state, or None when the node has no valid GPU registration."""
     state: nodes.NodeState | None = snap.nodes.get(name)
