@@ -1,0 +1,359 @@
+"""The cluster cache: the only mutable state of the scheduler, guarded by one lock.
+
+Pod states (after kube-scheduler's cache)::
+
+       +-------------------------------------------+  +----+
+       |                            Add            |  |    |
+       |                                           |  |    | Update
+       +      Assume                Add            v  v    |
+    Initial +--------> Assumed +------------+---> Added <--+
+       ^                +   +               |       +
+       |                |   |               |       |
+       |                |   |     Add       |       | Remove
+       |                |   +---------------+       |
+       +----------------+ Forget / Expire           |
+       +--------------------------------------------+
+
+* ``assume`` reserves a pod's cards the moment the filter picks them, atomically *checking* that
+  they are still free (so two concurrent requests can never take the same capacity);
+  ``finish_binding`` starts its TTL; ``expire`` drops assumed pods whose binding finished more than
+  ``ttl`` ago without the watch confirming them; ``forget`` drops one (failed bind).
+* ``add_pod`` comes from the watch (a pod with allocation annotations on a node). It confirms an
+  assumed pod, or charges a pod the scheduler never assumed (e.g. after a restart). A pod is never
+  assumed twice; ``remove_pod`` works from any state.
+
+Accounting is incremental: each event charges or uncharges one pod's per-card reservation
+(``allocations.card_reservation``) and namespace totals. Each node carries a generation, and
+``snapshot`` rebuilds only the nodes changed since the previous snapshot. Grants on UUIDs a node
+does not have (or on nodes not registered yet) are kept as orphans and charged again when the node
+(re)registers. Time is always a parameter (``now``); nothing here reads the clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+import types
+
+from gpuslice.cache import shapes, snapshot
+from gpuslice.model import allocations, nodes, requests, status
+from gpuslice.policy import cards, columns, registry
+from gpuslice.policy import quota as quotas
+
+
+class PodState(enum.Enum):
+    """Where a pod is in the state machine."""
+
+    ASSUMED = "assumed"
+    ADDED = "added"
+
+
+@dataclasses.dataclass(slots=True)
+class _Pod:
+    key: str
+    uid: str
+    namespace: str
+    alloc: allocations.PodAllocation
+    reservation: dict[str, nodes.CardUsage]
+    state: PodState
+    bound_at: float | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class _Node:
+    inventory: nodes.NodeInventory
+    index: dict[str, int]
+    usage: list[nodes.CardUsage]
+    cpu_used: int = 0
+    memory_used: int = 0
+    generation: int = 0
+
+
+def _namespace(key: str) -> str:
+    return key.split("/", 1)[0] if "/" in key else "default"
+
+
+def _totals(reservation: dict[str, nodes.CardUsage]) -> tuple[int, int, int]:
+    """Quota usage of a reservation: count = slots summed over cards, memory and cores summed."""
+    return (
+        sum(r.slots for r in reservation.values()),
+        sum(r.memory_mib for r in reservation.values()),
+        sum(r.cores for r in reservation.values()),
+    )
+
+
+class ClusterCache:
+    """Nodes, pods and namespace usage; see the module docstring for the state machine."""
+
+    def __init__(self, histogram: shapes.ShapeHistogram | None = None) -> None:
+        """An empty cache."""
+        self._lock = threading.Lock()
+        self._nodes: dict[str, _Node] = {}
+        self._pods: dict[str, _Pod] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._assumed: set[str] = set()
+        self._ns_used: dict[str, list[int]] = {}
+        self._limits: dict[str, quotas.QuotaView] = {}
+        self._orphans: dict[str, tuple[snapshot.Orphan, ...]] = {}
+        self._hist = histogram or shapes.ShapeHistogram()
+        self._gen = 0
+        self._dirty: set[str] = set()
+        self._removed: set[str] = set()
+        self._states: dict[str, nodes.NodeState] = {}
+        self._cols = columns.ColumnsBuilder()
+        self._last: snapshot.Snapshot | None = None
+
+    # ----- nodes
+
+    def upsert_node(self, inventory: nodes.NodeInventory) -> None:
+        """Add a node or replace its inventory; its pods are charged again on the new cards."""
+        with self._lock:
+            old = self._nodes.get(inventory.name)
+            if old is not None and old.inventory == inventory:
+                return
+            self._nodes[inventory.name] = _Node(
+                inventory=inventory,
+                index={d.uuid: i for i, d in enumerate(inventory.devices)},
+                usage=[nodes.EMPTY_CARD] * len(inventory.devices),
+            )
+            self._removed.discard(inventory.name)
+            for key in self._by_node.get(inventory.name, ()):
+                self._charge_node(self._pods[key], 1)
+            self._touch(inventory.name)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node; its pods stay (as orphans) until removed or the node comes back."""
+        with self._lock:
+            if self._nodes.pop(name, None) is None:
+                return
+            for key in self._by_node.get(name, ()):
+                pod = self._pods[key]
+                self._orphans[key] = tuple(snapshot.Orphan(name, u, key) for u in sorted(pod.reservation))
+            self._dirty.discard(name)
+            self._removed.add(name)
+            self._gen += 1
+
+    # ----- quota and workload
+
+    def set_quota(self, namespace: str, limits: quotas.QuotaView | None) -> None:
+        """Set (or clear, with None) a namespace's limits; usage fields of ``limits`` are ignored."""
+        with self._lock:
+            if limits is None or limits.unlimited:
+                self._limits.pop(namespace, None)
+            else:
+                self._limits[namespace] = limits.cleared()
+            self._gen += 1
+
+    def observe_request(self, shape: registry.Shape) -> None:
+        """Record a requested pod shape for the target-workload histogram."""
+        with self._lock:
+            self._hist.observe(shape)
+            self._gen += 1
+
+    # ----- pods
+
+    def assume(self, key: str, uid: str, alloc: allocations.PodAllocation, now: float) -> status.Status:
+        """Reserve the pod's cards if they are still free; the outcome says why not otherwise.
+
+        ``now`` is accepted for symmetry with the other transitions (the TTL starts at
+        ``finish_binding``). Raises ValueError if the pod is already in the cache.
+        """
+        del now
+        with self._lock:
+            if key in self._pods:
+                raise ValueError(f"pod {key} is already {self._pods[key].state.value}")
+            reservation = allocations.card_reservation(alloc)
+            verdict = self._admits(alloc, reservation)
+            if not verdict.ok:
+                return verdict
+            pod = _Pod(key, uid, _namespace(key), alloc, reservation, PodState.ASSUMED)
+            self._charge(pod, 1)
+            self._pods[key] = pod
+            self._assumed.add(key)
+            return status.SUCCESS
+
+    def finish_binding(self, key: str, now: float) -> None:
+        """The Binding call returned: start the assumed pod's TTL."""
+        with self._lock:
+            pod = self._pods.get(key)
+            if pod is not None and pod.state is PodState.ASSUMED:
+                pod.bound_at = now
+
+    def forget(self, key: str) -> bool:
+        """Drop an assumed pod (its bind failed); False when it was not assumed."""
+        with self._lock:
+            pod = self._pods.get(key)
+            if pod is None or pod.state is not PodState.ASSUMED:
+                return False
+            self._drop(pod)
+            return True
+
+    def expire(self, now: float, ttl: float) -> tuple[str, ...]:
+        """Drop assumed pods whose binding finished at least ``ttl`` ago; their keys, sorted."""
+        with self._lock:
+            gone = sorted(
+                k for k in self._assumed if (b := self._pods[k].bound_at) is not None and now - b >= ttl
+            )
+            for k in gone:
+                self._drop(self._pods[k])
+            return tuple(gone)
+
+    def add_pod(self, key: str, uid: str, alloc: allocations.PodAllocation) -> None:
+        """A pod with an allocation seen by the watch: confirm it if assumed, else (re)charge it."""
+        with self._lock:
+            pod = self._pods.get(key)
+            if pod is not None and pod.uid == uid and pod.alloc == alloc:
+                pod.state = PodState.ADDED
+                pod.bound_at = None
+                self._assumed.discard(key)
+                return
+            if pod is not None:
+                self._drop(pod)
+            pod = _Pod(key, uid, _namespace(key), alloc, allocations.card_reservation(alloc), PodState.ADDED)
+            self._charge(pod, 1)
+            self._pods[key] = pod
+
+    def remove_pod(self, key: str) -> None:
+        """The pod is gone (deleted or finished), whatever its state."""
+        with self._lock:
+            pod = self._pods.get(key)
+            if pod is not None:
+                self._drop(pod)
+
+    def pod_state(self, key: str) -> PodState | None:
+        """The pod's state, None when the cache does not hold it."""
+        with self._lock:
+            pod = self._pods.get(key)
+            return None if pod is None else pod.state
+
+    # ----- snapshot
+
+    def snapshot(self) -> snapshot.Snapshot:
+        """An immutable view; only nodes changed since the last snapshot are rebuilt."""
+        with self._lock:
+            if self._last is not None and self._last.generation == self._gen:
+                return self._last
+            for name in self._removed:
+                self._states.pop(name, None)
+                self._cols.remove(name)
+            for name in self._dirty:
+                n = self._nodes[name]
+                state = nodes.NodeState(
+                    inventory=n.inventory,
+                    usage=tuple(n.usage),
+                    cpu_used_milli=n.cpu_used,
+                    memory_used_mib=n.memory_used,
+                )
+                self._states[name] = state
+                self._cols.set(state)
+            self._removed.clear()
+            self._dirty.clear()
+            views = {}
+            for ns, limits in self._limits.items():
+                c, m, k = self._ns_used.get(ns, (0, 0, 0))
+                views[ns] = limits.plus(c, m, k)
+            self._last = snapshot.Snapshot(
+                generation=self._gen,
+                nodes=types.MappingProxyType(dict(self._states)),
+                columns=self._cols.freeze(),
+                quotas=types.MappingProxyType(views),
+                workload=self._hist.workload(),
+                orphans=tuple(sorted(o for os in self._orphans.values() for o in os)),
+            )
+            return self._last
+
+    def node_generation(self, name: str) -> int | None:
+        """The generation at which the node last changed (None if unknown)."""
+        with self._lock:
+            n = self._nodes.get(name)
+            return None if n is None else n.generation
+
+    # ----- internals (lock held)
+
+    def _touch(self, name: str) -> None:
+        self._gen += 1
+        self._nodes[name].generation = self._gen
+        self._dirty.add(name)
+
+    def _admits(
+        self, alloc: allocations.PodAllocation, reservation: dict[str, nodes.CardUsage]
+    ) -> status.Status:
+        node = self._nodes.get(alloc.node)
+        if node is None:
+            return status.Status(status.Code.UNRESOLVABLE, (status.NODE_UNREGISTERED,))
+        inv = node.inventory
+        if inv.cpu_milli > 0 and alloc.cpu_milli > inv.cpu_milli - node.cpu_used:
+            return status.Status(status.Code.UNSCHEDULABLE, (status.INSUFFICIENT_CPU,))
+        if inv.memory_mib > 0 and alloc.memory_mib > inv.memory_mib - node.memory_used:
+            return status.Status(status.Code.UNSCHEDULABLE, (status.INSUFFICIENT_HOST_MEMORY,))
+        for uuid, r in reservation.items():
+            i = node.index.get(uuid)
+            if i is None:
+                return status.Status(status.Code.UNRESOLVABLE, (status.INVALID_REQUEST,))
+            dev = inv.devices[i]
+            reason = cards.static_reason(dev, inv.cordoned, _NO_SELECTORS)
+            if reason is not None:
+                return status.Status(status.Code.UNRESOLVABLE, (reason,))
+            reason = cards.admits(dev, node.usage[i], r)
+            if reason is not None:
+                return status.Status(status.Code.UNSCHEDULABLE, (reason,))
+        return status.SUCCESS
+
+    def _charge(self, pod: _Pod, sign: int) -> None:
+        """Add (sign 1) or remove (-1) a pod's reservation: its node's cards and its namespace."""
+        if sign > 0:
+            self._by_node.setdefault(pod.alloc.node, set()).add(pod.key)
+        else:
+            on = self._by_node.get(pod.alloc.node)
+            if on is not None:
+                on.discard(pod.key)
+                if not on:
+                    del self._by_node[pod.alloc.node]
+        c, m, k = _totals(pod.reservation)
+        used = self._ns_used.setdefault(pod.namespace, [0, 0, 0])
+        used[0] += sign * c
+        used[1] += sign * m
+        used[2] += sign * k
+        if used == [0, 0, 0]:
+            del self._ns_used[pod.namespace]
+        self._gen += 1
+        if sign > 0:
+            self._charge_node(pod, 1)
+        else:
+            self._orphans.pop(pod.key, None)
+            if pod.alloc.node in self._nodes:
+                self._charge_node(pod, -1)
+
+    def _charge_node(self, pod: _Pod, sign: int) -> None:
+        """Charge the pod's cards on its node; UUIDs the node lacks become orphans."""
+        name = pod.alloc.node
+        node = self._nodes.get(name)
+        if node is None:
+            self._orphans[pod.key] = tuple(snapshot.Orphan(name, u, pod.key) for u in sorted(pod.reservation))
+            return
+        missing = []
+        for uuid, r in pod.reservation.items():
+            i = node.index.get(uuid)
+            if i is None:
+                missing.append(snapshot.Orphan(name, uuid, pod.key))
+                continue
+            u = node.usage[i]
+            node.usage[i] = nodes.CardUsage(
+                u.slots + sign * r.slots, u.memory_mib + sign * r.memory_mib, u.cores + sign * r.cores
+            )
+        node.cpu_used += sign * pod.alloc.cpu_milli
+        node.memory_used += sign * pod.alloc.memory_mib
+        if sign > 0 and missing:
+            self._orphans[pod.key] = tuple(sorted(missing))
+        else:
+            self._orphans.pop(pod.key, None)
+        self._touch(name)
+
+    def _drop(self, pod: _Pod) -> None:
+        self._charge(pod, -1)
+        del self._pods[pod.key]
+        self._assumed.discard(pod.key)
+
+
+_NO_SELECTORS = requests.NO_SELECTORS
