@@ -28,8 +28,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
-import msgspec
-
 from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
 from gpuslice.kube import client as kclient
@@ -41,8 +39,6 @@ DEFAULT_RETRIES = 5
 BACKOFF_BASE_S = 0.1
 BACKOFF_FACTOR = 2.0
 BACKOFF_JITTER = 0.5
-
-_NODE = msgspec.json.Decoder(objects.Node)
 
 
 class LockContention(errors.ApiError, errors.TemporaryError):
@@ -95,15 +91,16 @@ def _patch(value: str | None, resource_version: str) -> dict[str, object]:
     return {"metadata": {"annotations": {keys.NODE_LOCK: value}, "resourceVersion": resource_version}}
 
 
-async def _read(kube: kclient.KubeClient, node: str) -> objects.Node:
-    return _NODE.decode((await kube.request("GET", node_path(node))).content)
+async def read_node(kube: kclient.KubeClient, node: str) -> objects.Node:
+    """Read a node (its annotations carry the lock)."""
+    return objects.decode_node((await kube.request("GET", node_path(node))).content)
 
 
 async def _write(kube: kclient.KubeClient, node: str, value: str | None, resource_version: str) -> str:
     resp = await kube.request(
         "PATCH", node_path(node), body=_patch(value, resource_version), content_type=kclient.MERGE_PATCH
     )
-    return _NODE.decode(resp.content).metadata.resource_version
+    return objects.decode_node(resp.content).metadata.resource_version
 
 
 def _owner_key(lock: lockcodec.NodeLock) -> tuple[str, str] | None:
@@ -153,7 +150,7 @@ async def acquire(
         errors.ApiError: any other failure.
     """
     for attempt in range(max(1, retries)):
-        current = await _read(kube, node)
+        current = await read_node(kube, node)
         value = current.metadata.annotations.get(keys.NODE_LOCK)
         state = lockcodec.assess(value, namespace, name, clock(), timeout_s)
         if state.verdict is lockcodec.Verdict.HELD_BY_US:
@@ -200,7 +197,7 @@ async def release(
         errors.ApiError: any other failure (including losing every CAS race).
     """
     for attempt in range(max(1, retries)):
-        current = await _read(kube, node)
+        current = await read_node(kube, node)
         value = current.metadata.annotations.get(keys.NODE_LOCK)
         if not value or not lockcodec.is_owner(value, namespace, name):
             return False

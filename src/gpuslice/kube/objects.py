@@ -154,3 +154,17 @@ class WatchEvent(msgspec.Struct, frozen=True):
 def object_key(meta: ObjectMeta) -> str:
     """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
     return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
+
+
+_POD = msgspec.json.Decoder(Pod)
+_NODE = msgspec.json.Decoder(Node)
+
+
+def decode_pod(content: bytes) -> Pod:
+    """Decode a Pod from JSON."""
+    return _POD.decode(content)
+
+
+def decode_node(content: bytes) -> Node:
+    """Decode a Node from JSON."""
+    return _NODE.decode(content)

@@ -5,13 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-
 from gpuslice.codec import keys
 from gpuslice.kube import client as kclient
 from gpuslice.kube import objects
-
-_POD = msgspec.json.Decoder(objects.Pod)
 
 
 def path(namespace: str, name: str, subresource: str = "") -> str:
@@ -22,7 +18,7 @@ def path(namespace: str, name: str, subresource: str = "") -> str:
 
 def decode(content: bytes) -> objects.Pod:
     """Decode a Pod from JSON."""
-    return _POD.decode(content)
+    return objects.decode_pod(content)
 
 
 async def get(kube: kclient.KubeClient, namespace: str, name: str) -> objects.Pod:
