@@ -10,7 +10,7 @@ from typing import Any
 from gpuslice.extender import app as apps
 from gpuslice.extender import bind as binds
 from gpuslice.extender import binder as binders
-from gpuslice.extender import config, logs, metrics, scheduling
+from gpuslice.extender import config, logs, metrics, scheduling, view
 from gpuslice.model import allocations, nodes
 from gpuslice.policy import columns
 from gpuslice.policy import quota as quotas
@@ -125,14 +125,14 @@ class RecordedEvents:
 
 
 def make_deps(
-    cache: FakeCache,
+    cache: view.Cache,
     binder: FakeBinder | None = None,
     settings: config.Settings | None = None,
     ready: bool = True,
 ) -> apps.Deps:
     settings = settings or config.Settings()
     log = logs.Log(settings.verbosity)
-    m = metrics.Metrics(lambda: cache.snapshot().nodes.values())
+    m = metrics.Metrics(lambda: view.states(cache.snapshot()))
     policies = scheduling.Policies.build(settings.node_policy, settings.card_policy)
     events = RecordedEvents()
     flow = binds.BindFlow(

@@ -77,3 +77,30 @@ def test_no_interleaving_of_binds_overcommits_a_card(sizes: list[tuple[int, int,
     assert ok == len(cache.pods)
     for _, alloc, _ in cache.pods.values():
         assert isinstance(alloc, allocations.PodAllocation)
+
+
+def test_concurrent_binds_against_the_real_cluster_cache() -> None:
+    from gpuslice.cache import cache as caches
+
+    real = caches.ClusterCache()
+    for i in range(2):
+        real.upsert_node(node(f"n{i}").gpus(2).state().inventory)
+    binder = fakes.FakeBinder()
+    binder.delay = 0.001
+    binder.plugin_releases_lock = True
+    deps = fakes.make_deps(real, binder)
+    args = []
+    for k in range(20):
+        pod = fakes.gpu_pod(f"p{k}", mem=30000)
+        deps.flow.remember(resources.parse_pod(pod))
+        args.append(wire.ExtenderBindingArgs(f"p{k}", "default", f"uid-p{k}", f"n{k % 2}"))
+
+    async def run() -> list[str]:
+        return list(await asyncio.gather(*(deps.flow.bind(a) for a in args)))
+
+    results = asyncio.run(run())
+    # 2 nodes x 2 cards x 2 pods of 30000 MiB per 81920 MiB card = 8.
+    assert sum(1 for r in results if r == "") == 8
+    for state in real.snapshot().nodes.values():
+        for i, dev in enumerate(state.inventory.devices):
+            assert state.usage[i].memory_mib == 60000 <= dev.memory_mib
