@@ -18,6 +18,8 @@ try:  # the package is a dependency, but the agent must say so clearly if it is 
 except ImportError:  # pragma: no cover - exercised only on broken installs
     pynvml = None
 
+SYSFS_PCI = Path("/sys/bus/pci/devices")
+"""Where the NUMA node of a card is read when NVML cannot say (``numa_node``, -1 = none)."""
 _P2P_READ = 0  # NVML_P2P_CAPS_INDEX_READ; pynvml defines it as the tuple (0,) by a stray comma
 _P2P_WRITE = 1
 _MAX_LINKS = 36
@@ -132,7 +134,7 @@ class NvmlBackend:
         if node is None:
             # sysfs uses a 4-digit domain, lower case: 0000:18:00.0
             domain, _, rest = bus_id.lower().partition(":")
-            path = Path(f"/sys/bus/pci/devices/{domain[-4:]}:{rest}/numa_node")
+            path = SYSFS_PCI / f"{domain[-4:]}:{rest}" / "numa_node"
             try:
                 node = int(path.read_text().strip())
             except (OSError, ValueError):

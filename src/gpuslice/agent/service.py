@@ -59,6 +59,7 @@ class Settings:
         quiet_period_s: how long a faulty card must stay quiet to be healthy again.
         ignored_xids: XIDs that are not device faults.
         watch_health: run the NVML event thread (off for one-shot runs).
+        health_poll_s: the longest single NVML event wait (how soon recoveries are noticed).
     """
 
     node_name: str
@@ -69,6 +70,7 @@ class Settings:
     quiet_period_s: float = 300.0
     ignored_xids: frozenset[int] = health.APPLICATION_XIDS
     watch_health: bool = True
+    health_poll_s: float = 1.0
 
 
 class Report(msgspec.Struct, kw_only=True):
@@ -240,7 +242,9 @@ class Agent:
         tracker = health.Tracker(
             (g.index for g in records.gpus), self.settings.quiet_period_s, self.settings.ignored_xids
         )
-        self.watcher = health.Watcher(nvml, tracker, self._clock, self.on_health_change)
+        self.watcher = health.Watcher(
+            nvml, tracker, self._clock, self.on_health_change, poll_s=self.settings.health_poll_s
+        )
         self.watcher.start()
 
     def _health(self) -> dict[int, bool]:
@@ -309,8 +313,10 @@ class Agent:
         self._telemetry = discover.card_telemetry(gpus, collect.telemetry(self._nvml, gpus))
         self.metrics.update_cards(self._devices, self._telemetry, {g.uuid: g.memory_total_mib for g in gpus})
         wall = self._wall()
-        desired = publish.telemetry_annotation(self._telemetry, wall)
+        desired = publish.telemetry_annotation(self._telemetry, wall) if gpus else {}
         try:
+            if not gpus:  # nothing to report: remove stale readings, if any
+                return desired, self._patch(desired, (keys.GPU_TELEMETRY,))
             current = (self._api.read() if self._api is not None else self._published).get(keys.GPU_TELEMETRY)
             if not publish.telemetry_changed(current, self._telemetry, wall, self.settings.refresh_s):
                 return desired, []

@@ -1,0 +1,160 @@
+"""The NVML adapter over a stand-in ``pynvml`` module: call mapping, unsupported calls, errors, events."""
+
+from __future__ import annotations
+
+import pathlib
+import types
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from gpuslice.agent import backend, collect, discover, nvml
+
+pytestmark = pytest.mark.unit
+
+NOT_SUPPORTED, INVALID_ARGUMENT, TIMEOUT, LIBRARY_NOT_FOUND = 3, 2, 10, 12
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+def fail(code: int) -> Any:
+    def call(*_args: Any) -> Any:
+        raise NVMLError(code)
+
+    return call
+
+
+class Handle:
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def stub_pynvml() -> types.SimpleNamespace:
+    """Two A40s joined by 2 NVLinks; card 1 has no NUMA answer; one XID 79 event queued on card 1."""
+    handles = [Handle(0), Handle(1)]
+    buses = [b"00000000:41:00.0", b"00000000:61:00.0"]
+    events = [types.SimpleNamespace(eventType=0x0008, eventData=79, device=handles[1])]
+
+    def p2p(a: Handle, b: Handle, index: int) -> int:
+        assert isinstance(index, int)  # pynvml's own READ constant is a tuple; the adapter must not use it
+        return 0
+
+    def link_state(h: Handle, link: int) -> int:
+        if link >= 4:
+            raise NVMLError(INVALID_ARGUMENT)
+        return 1 if link < 2 else 0
+
+    def wait(_s: Any, _ms: int) -> Any:
+        if events:
+            return events.pop()
+        raise NVMLError(TIMEOUT)
+
+    return types.SimpleNamespace(
+        NVMLError=NVMLError,
+        NVML_FEATURE_ENABLED=1,
+        NVML_DEVICE_MIG_ENABLE=1,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: "580.95.05",
+        nvmlSystemGetNVMLVersion=lambda: "13.580.95.05",
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: handles[i],
+        nvmlDeviceGetIndex=lambda h: h.i,
+        nvmlDeviceGetUUID=lambda h: f"GPU-{h.i}",
+        nvmlDeviceGetName=lambda h: b"NVIDIA A40",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=46068 * 2**20, used=512 * 2**20),
+        nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(busId=buses[h.i]),
+        nvmlDeviceGetMigMode=fail(NOT_SUPPORTED),
+        nvmlDeviceGetNumaNodeId=lambda h: 0 if h.i == 0 else (_ for _ in ()).throw(NVMLError(NOT_SUPPORTED)),
+        nvmlDeviceGetNvLinkState=link_state,
+        nvmlDeviceGetNvLinkRemotePciInfo=lambda h, link: types.SimpleNamespace(busId=buses[1 - h.i]),
+        nvmlDeviceGetNvLinkRemoteDeviceType=lambda h, link: 0,
+        nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 40,
+        nvmlDeviceGetP2PStatus=p2p,
+        nvmlDeviceGetTemperature=lambda h, s: 45,
+        nvmlDeviceGetPowerUsage=lambda h: 71500,
+        nvmlDeviceGetEnforcedPowerLimit=lambda h: 300000,
+        nvmlDeviceGetUtilizationRates=fail(NOT_SUPPORTED),
+        nvmlEventSetCreate=lambda: object(),
+        nvmlDeviceGetSupportedEventTypes=lambda h: 0x0008 | 0x0002 | 0x0001,
+        nvmlDeviceRegisterEvents=lambda h, mask, s: None,
+        nvmlEventSetWait_v2=wait,
+        nvmlEventSetFree=lambda s: None,
+    )
+
+
+@pytest.fixture
+def adapter(tmp_path: pathlib.Path) -> Iterator[nvml.NvmlBackend]:
+    (tmp_path / "0000:61:00.0").mkdir()
+    (tmp_path / "0000:61:00.0" / "numa_node").write_text("1\n")
+    with mock.patch.object(nvml, "pynvml", stub_pynvml()), mock.patch.object(nvml, "SYSFS_PCI", tmp_path):
+        b = nvml.NvmlBackend()
+        yield b
+        b.close()
+
+
+def test_records(adapter: nvml.NvmlBackend) -> None:
+    gpus = adapter.gpus()
+    assert gpus[0] == backend.GpuRecord(
+        index=0,
+        uuid="GPU-0",
+        name="NVIDIA A40",
+        memory_total_mib=46068,
+        pci_bus_id="00000000:41:00.0",
+        numa_node=0,
+    )
+    assert gpus[1].numa_node == 1  # NVML does not answer: read from sysfs
+    assert gpus[1].mig_enabled is None
+    assert [link.link for link in adapter.nvlinks(0)] == [0, 1]
+    assert adapter.pair(0, 1) == backend.PairRecord(a=0, b=1, common_ancestor=40, p2p_read=0, p2p_write=0)
+    t = adapter.telemetry(1)
+    assert (t.temperature_c, t.power_draw_w, t.power_limit_w, t.utilization_pct, t.memory_used_mib) == (
+        45.0,
+        71.5,
+        300.0,
+        None,
+        512,
+    )
+    assert "580.95.05" in adapter.describe()
+
+
+def test_same_discovery_path(adapter: nvml.NvmlBackend) -> None:
+    d = discover.discover(collect.inventory(adapter), discover.RegistrationConfig())
+    assert d.topology is not None
+    assert d.topology.nvlinks == ((0, 2), (2, 0))
+    assert d.scores[0][1] == 20 + 200  # NODE + 2 links
+
+
+def test_events(adapter: nvml.NvmlBackend) -> None:
+    assert adapter.start_events() == (0, 1)
+    assert adapter.wait_event(0.01) == backend.DeviceEvent(index=1, kind=backend.EventKind.XID, xid=79)
+    assert adapter.wait_event(0.01) is None  # NVML's timeout is not an error
+
+
+def test_missing_library_is_a_clear_error() -> None:
+    stub = stub_pynvml()
+    stub.nvmlInit = fail(LIBRARY_NOT_FOUND)
+    with mock.patch.object(nvml, "pynvml", stub), pytest.raises(backend.BackendError) as e:
+        nvml.NvmlBackend()
+    assert e.value.reason == backend.REASON_LIBRARY_MISSING
+    assert "libnvidia-ml.so.1" in str(e.value)
+
+
+def test_lost_gpu_while_enumerating() -> None:
+    stub = stub_pynvml()
+    stub.nvmlDeviceGetUUID = fail(15)
+    with mock.patch.object(nvml, "pynvml", stub):
+        b = nvml.NvmlBackend()
+        with pytest.raises(backend.BackendError) as e:
+            b.gpus()
+    assert e.value.reason == backend.REASON_GPU_LOST

@@ -1,0 +1,258 @@
+"""The agent loop against an in-memory Node API: what is patched, when, and which events are raised."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+
+import pytest
+
+from gpuslice.agent import backend, fake, health, metrics, service
+from gpuslice.codec import keys, node_inventory
+from gpuslice.kube import nodes as kube_nodes
+
+pytestmark = pytest.mark.unit
+
+TOPO_KEYS = {keys.NODE_PAIR_SCORE, keys.GPU_TOPOLOGY}
+ALL_KEYS = TOPO_KEYS | {keys.NODE_REGISTER}
+
+
+class FakeApi:
+    """A Node in memory; records patches and events; can fail on demand."""
+
+    def __init__(self, annotations: Mapping[str, str] | None = None) -> None:
+        self.annotations = dict(annotations or {})
+        self.patches: list[dict[str, str | None]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.fail = False
+        self._cond = threading.Condition()
+
+    def read(self) -> Mapping[str, str]:
+        if self.fail:
+            raise kube_nodes.NodeApiError(503, "apiserver down")
+        return dict(self.annotations)
+
+    def patch(self, changes: Mapping[str, str | None]) -> None:
+        if self.fail:
+            raise kube_nodes.NodeApiError(503, "apiserver down")
+        with self._cond:
+            self.patches.append(dict(changes))
+            for k, v in changes.items():
+                if v is None:
+                    self.annotations.pop(k, None)
+                else:
+                    self.annotations[k] = v
+            self._cond.notify_all()
+
+    def event(self, type_: str, reason: str, note: str, action: str) -> None:
+        with self._cond:
+            self.events.append((type_, reason, note))
+            self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool]) -> bool:
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout=10)
+
+    def reasons(self) -> list[str]:
+        return [e[1] for e in self.events]
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(
+    shape: str = "t4-4",
+    api: FakeApi | None = None,
+    opener: Callable[[], backend.Backend] | None = None,
+    **settings: object,
+) -> tuple[service.Agent, FakeApi, Clock, fake.FakeBackend]:
+    api = api if api is not None else FakeApi()
+    nvml = fake.FakeBackend(fake.shape(shape))
+    clock = Clock()
+    s = service.Settings(**{"node_name": "n1", "register": True, "watch_health": False, **settings})  # type: ignore[arg-type]
+    agent = service.Agent(s, opener or (lambda: nvml), api, metrics.AgentMetrics(), clock=clock, wall=clock)
+    return agent, api, clock, nvml
+
+
+@pytest.fixture
+def closing() -> Iterator[list[service.Agent]]:
+    agents: list[service.Agent] = []
+    yield agents
+    for a in agents:
+        a.close()
+
+
+def test_first_round_patches_everything_then_nothing() -> None:
+    agent, api, clock, _ = make()
+    report = agent.refresh()
+    assert report.error is None and report.backend is not None
+    assert set(report.patched) == ALL_KEYS
+    assert len(api.patches) == 1
+    assert agent.refresh().patched == []  # same values: no patch
+    assert len(api.patches) == 1
+    inv = node_inventory.decode_node("n1", api.annotations)
+    assert len(inv.devices) == 4
+
+
+def test_only_changed_keys_are_patched() -> None:
+    agent, api, _, _ = make()
+    agent.refresh()
+    api.annotations[keys.GPU_TOPOLOGY] = "edited by hand"
+    api.annotations["other.io/keep"] = "x"
+    assert agent.refresh().patched == [keys.GPU_TOPOLOGY]
+    assert api.patches[-1].keys() == {keys.GPU_TOPOLOGY}
+    assert api.annotations["other.io/keep"] == "x"
+
+
+def test_without_register_no_registration() -> None:
+    agent, api, _, _ = make(register=False)
+    assert set(agent.refresh().patched) == TOPO_KEYS
+    assert keys.NODE_REGISTER not in api.annotations
+
+
+def test_no_gpus_removes_topology() -> None:
+    api = FakeApi({keys.GPU_TOPOLOGY: "old", keys.NODE_PAIR_SCORE: "old"})
+    agent, api, _, _ = make("none", api)
+    agent.refresh()
+    assert api.patches == [{keys.NODE_REGISTER: "[]", keys.GPU_TOPOLOGY: None, keys.NODE_PAIR_SCORE: None}]
+    api.annotations[keys.GPU_TELEMETRY] = "old readings"
+    agent.publish_telemetry()
+    assert api.patches[-1] == {keys.GPU_TELEMETRY: None}
+
+
+def test_nvml_unavailable_keeps_annotations_and_says_so_once() -> None:
+    state: dict[str, backend.Backend | None] = {"nvml": None}
+
+    def opener() -> backend.Backend:
+        if state["nvml"] is None:
+            raise backend.BackendError(backend.REASON_LIBRARY_MISSING, "NVML Shared Library Not Found")
+        return state["nvml"]
+
+    api = FakeApi({keys.GPU_TOPOLOGY: "published earlier"})
+    agent, api, clock, nvml = make(api=api, opener=opener)
+    r = agent.refresh()
+    assert r.error is not None and "LibraryMissing" in r.error
+    delay = agent.cycle()
+    assert delay <= service.RETRY_S  # retried soon, not after the 300 s period
+    clock.now += service.RETRY_S
+    agent.cycle()
+    assert api.patches == []  # nothing known: nothing written, nothing removed
+    assert api.reasons() == [service.REASON_NVML_UNAVAILABLE]  # said once, not every retry
+    state["nvml"] = nvml
+    clock.now += service.RETRY_S
+    agent.cycle()
+    assert set(api.annotations) >= ALL_KEYS
+    assert agent.metrics.registry.get_sample_value("gpuslice_agent_nvml_up") == 1
+
+
+def test_api_failure_is_retried_soon() -> None:
+    agent, api, clock, _ = make()
+    api.fail = True
+    assert agent.cycle() <= service.RETRY_S
+    assert agent.last_report.error is not None and "apiserver down" in agent.last_report.error
+    api.fail = False
+    clock.now += service.RETRY_S
+    agent.cycle()
+    assert set(api.annotations) >= ALL_KEYS
+
+
+def test_refresh_period_and_on_demand() -> None:
+    agent, api, clock, nvml = make(refresh_s=300.0, telemetry_s=60.0)
+    agent.cycle()
+    calls = {"n": 0}
+    real = nvml.gpus
+
+    def counting() -> tuple[backend.GpuRecord, ...]:
+        calls["n"] += 1
+        return real()
+
+    nvml.gpus = counting  # type: ignore[method-assign]
+    clock.now += 60
+    assert agent.cycle() == 60  # telemetry at +60 again; discovery not yet due (next at +300)
+    assert calls["n"] == 0
+    agent.request_refresh()
+    agent.cycle()
+    assert calls["n"] == 1
+    clock.now += 300
+    agent.cycle()
+    assert calls["n"] == 2
+
+
+def test_telemetry_low_rate_and_only_on_change() -> None:
+    agent, api, clock, nvml = make(telemetry_s=60.0, refresh_s=300.0)
+    agent.cycle()
+    first = api.annotations[keys.GPU_TELEMETRY]
+    n = len(api.patches)
+    clock.now += 60
+    agent.cycle()  # same readings, published 60 s ago < 300 s: no patch
+    assert len(api.patches) == n
+    nvml.set_telemetry(2, temperature_c=83.0, utilization_pct=97.0)
+    clock.now += 60
+    agent.cycle()
+    assert api.patches[-1].keys() == {keys.GPU_TELEMETRY}
+    t = node_inventory.node_telemetry(api.annotations)
+    assert (t[2].temperature_c, t[2].utilization_pct) == (83.0, 97.0)
+    assert api.annotations[keys.GPU_TELEMETRY] != first
+    body = agent.metrics.render()[0].decode()
+    assert 'gpuslice_agent_gpu_temperature_celsius{index="2"' in body
+    assert "83.0" in body
+
+
+def test_asymmetric_links_raise_one_warning() -> None:
+    m = fake.shape("a40-2")
+    broken = fake.Shape(m.name, m.gpus, (m.nvlinks[0], m.nvlinks[1][:2]), m.levels, m.p2p, m.telemetry)
+    nvml = fake.FakeBackend(broken)
+    agent, api, _, _ = make(opener=lambda: nvml)
+    agent.refresh()
+    agent.refresh()
+    assert api.reasons() == [service.REASON_ASYMMETRIC]
+    assert "GPU 0 counts 4 NVLinks to GPU 1, which counts 2" in api.events[0][2]
+
+
+def test_dry_run_reports_what_it_would_patch() -> None:
+    nvml = fake.FakeBackend(fake.shape("a40-2"))
+    s = service.Settings(node_name="n1", watch_health=False)
+    agent = service.Agent(s, lambda: nvml, None, metrics.AgentMetrics())
+    assert set(agent.refresh().patched) == TOPO_KEYS
+    assert agent.refresh().patched == []
+
+
+def test_xid_79_marks_unhealthy_and_recovers(closing: list[service.Agent]) -> None:
+    agent, api, clock, nvml = make(quiet_period_s=120.0, health_poll_s=0.01, watch_health=True)
+    closing.append(agent)
+    stop = threading.Event()
+    loop = threading.Thread(target=agent.run, args=(stop,))
+    loop.start()
+    try:
+        assert api.wait_for(lambda: keys.NODE_REGISTER in api.annotations)
+        nvml.inject_xid(0, 13)  # application error: not a device fault
+        nvml.inject_xid(3, 79)  # fallen off the bus
+        assert api.wait_for(lambda: health.REASON_UNHEALTHY in api.reasons())
+        assert api.wait_for(lambda: not node_inventory.decode_node("n1", api.annotations).devices[3].health)
+        assert [x.health for x in node_inventory.decode_node("n1", api.annotations).devices] == [
+            True,
+            True,
+            True,
+            False,
+        ]
+        assert [(t, r) for t, r, _ in api.events] == [("Warning", health.REASON_UNHEALTHY)]
+        assert "GPU 3: XID 79" in api.events[0][2]
+        clock.now += 120.0  # quiet period over
+        assert api.wait_for(lambda: health.REASON_RECOVERED in api.reasons())
+        assert api.wait_for(
+            lambda: all(x.health for x in node_inventory.decode_node("n1", api.annotations).devices)
+        )
+        assert [(t, r) for t, r, _ in api.events] == [
+            ("Warning", health.REASON_UNHEALTHY),
+            ("Normal", health.REASON_RECOVERED),
+        ]
+    finally:
+        stop.set()
+        agent.wake()
+        loop.join(10)
+    assert not loop.is_alive()
