@@ -77,32 +77,28 @@ def decode_pair_scores(value: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def encode_pair_scores(topo: topology.Topology) -> str:
-    """HAMi's pair-score annotation for a topology: every card against every other card."""
-    wire = [
-        _PairWire(uuid=u, score={v: topo.pair_score(i, j) for j, v in enumerate(topo.uuids) if j != i})
-        for i, u in enumerate(topo.uuids)
-    ]
-    return _ENCODER.encode(wire).decode()
-
-
 def encode_score_matrix(uuids: Sequence[str], scores: Sequence[Sequence[int]]) -> str:
-    """HAMi's pair-score annotation from explicit scores, ``scores[i][j]`` of ``uuids[i]`` vs ``uuids[j]``.
+    """HAMi's pair-score annotation from a score matrix (``scores[i][j]`` by position in ``uuids``).
 
-    The node agent uses it to write 0 for a pair whose cards count different NVLinks, as HAMi's
-    plugin does; ``encode_pair_scores`` cannot express that.
+    The diagonal is skipped: every card is scored against every other card.
 
     Raises:
-        ValueError: ``scores`` is not a square matrix over ``uuids``.
+        ValueError: the matrix is not ``len(uuids)`` square.
     """
     n = len(uuids)
     if len(scores) != n or any(len(row) != n for row in scores):
-        raise ValueError(f"scores must be a {n}x{n} matrix")
+        raise ValueError(f"score matrix must be {n}x{n}")
     wire = [
         _PairWire(uuid=u, score={v: int(scores[i][j]) for j, v in enumerate(uuids) if j != i})
         for i, u in enumerate(uuids)
     ]
     return _ENCODER.encode(wire).decode()
+
+
+def encode_pair_scores(topo: topology.Topology) -> str:
+    """HAMi's pair-score annotation for a topology (100 per NVLink plus the PCIe level score)."""
+    n = len(topo.uuids)
+    return encode_score_matrix(topo.uuids, [[topo.pair_score(i, j) for j in range(n)] for i in range(n)])
 
 
 def _from_score(score: int | None) -> tuple[int, topology.PcieLevel]:

@@ -127,6 +127,15 @@ def test_topology_from_pair_scores_fills_gaps() -> None:
     assert topo.pcie[0][1] == P.SYSTEM
 
 
+def test_encode_score_matrix_keeps_given_scores() -> None:
+    # The agent scores asymmetric NVLink pairs 0, as HAMi's plugin does; the matrix is kept as given.
+    value = topology.encode_score_matrix(("GPU-a", "GPU-b"), ((0, 0), (0, 0)))
+    assert value == '[{"uuid":"GPU-a","score":{"GPU-b":0}},{"uuid":"GPU-b","score":{"GPU-a":0}}]'
+    assert topology.decode_pair_scores(value) == {"GPU-a": {"GPU-b": 0}, "GPU-b": {"GPU-a": 0}}
+    with pytest.raises(ValueError, match="2x2"):
+        topology.encode_score_matrix(("GPU-a", "GPU-b"), ((0,),))
+
+
 def test_pair_scores_first_entry_wins() -> None:
     scores = topology.decode_pair_scores(
         '[{"uuid":"a","score":{"b":10}},{"uuid":"a","score":{"b":60}},{"uuid":"b"}]'
