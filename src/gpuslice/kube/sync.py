@@ -1,0 +1,260 @@
+"""Watches -> cache: three informers (Nodes, Pods, ResourceQuotas) feeding a ``ClusterCache``.
+
+- **Nodes**: the HAMi registration (and gpuslice's topology/telemetry/cordon annotations) is
+  decoded into a ``NodeInventory`` -> ``upsert_node``. A node without registration is not a GPU
+  node -> ``remove_node``. A node whose registration is malformed is excluded the same way,
+  remembered in ``invalid_nodes`` (node -> reason, so the extender can answer
+  ``NodeRegistrationInvalid`` instead of "unregistered"), reported once per distinct problem as a
+  Warning Event on the Node and through the ``on_invalid`` hook; every other node keeps working.
+  Nodes whose GPU annotations did not change are not decoded again.
+- **Pods**: a pod carrying ``hami.io/vgpu-node`` and ``hami.io/vgpu-devices-allocated`` that is
+  not terminated (Succeeded/Failed) -> ``add_pod`` (confirms an assumed pod or charges one placed
+  before a restart); otherwise, or when deleted -> ``remove_pod``.
+- **ResourceQuotas**: ``spec.hard`` -> GPU limits; several quotas in one namespace combine to the
+  tightest limit of each resource -> ``set_quota``.
+
+``readiness()`` is True only once every informer has listed and while all of them are healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from gpuslice.codec import errors as codec_errors
+from gpuslice.codec import keys, node_inventory, pod_devices, resources
+from gpuslice.kube import client as kclient
+from gpuslice.kube import events, informer, kinds, objects
+from gpuslice.model import allocations, nodes, status
+from gpuslice.model import config as model_config
+from gpuslice.policy import quota as quotas
+
+log = logging.getLogger(__name__)
+
+NODE_ANNOTATIONS = (
+    keys.NODE_REGISTER,
+    keys.NODE_PAIR_SCORE,
+    keys.GPU_TOPOLOGY,
+    keys.GPU_TELEMETRY,
+    keys.DEVICE_CORDON,
+)
+"""The node annotations an inventory is decoded from."""
+INVALID_ACTION = "Registering"
+
+
+class Sink(Protocol):
+    """The cache operations the watches drive (``gpuslice.cache.cache.ClusterCache``)."""
+
+    def upsert_node(self, inventory: nodes.NodeInventory) -> None:
+        """Add or replace a node's inventory."""
+        ...
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node."""
+        ...
+
+    def add_pod(self, key: str, uid: str, alloc: allocations.PodAllocation) -> None:
+        """Charge (or confirm) a placed pod."""
+        ...
+
+    def remove_pod(self, key: str) -> None:
+        """Uncharge a pod."""
+        ...
+
+    def set_quota(self, namespace: str, limits: quotas.QuotaView | None) -> None:
+        """Set or clear a namespace's GPU limits."""
+        ...
+
+
+def _tightest(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def combine(limits: list[resources.QuotaLimits]) -> quotas.QuotaView | None:
+    """One namespace's quotas as one view: the smallest limit of each resource (None: none)."""
+    count = memory = cores = None
+    for q in limits:
+        count, memory, cores = (
+            _tightest(count, q.count),
+            _tightest(memory, q.memory_mib),
+            _tightest(cores, q.cores),
+        )
+    view = quotas.QuotaView(count_limit=count, memory_limit=memory, cores_limit=cores)
+    return None if view.unlimited else view
+
+
+class Sync:
+    """Runs the informers and applies their events to the cache.
+
+    Args:
+        kube: the API client.
+        cache: the cache to feed.
+        recorder: where Warning events about invalid nodes go (None: no events).
+        request_config: resource names and memory factor for quota parsing.
+        on_invalid: metric hook, called ``(node, reason)`` when a node becomes invalid.
+        node_selector: label selector restricting the watched nodes.
+        pod_selector: label selector restricting the watched pods (e.g. ``hami.io/vgpu-node``).
+        resync_s: relist period of every informer.
+    """
+
+    def __init__(
+        self,
+        kube: kclient.KubeClient,
+        cache: Sink,
+        *,
+        recorder: events.Recorder | None = None,
+        request_config: model_config.RequestConfig = model_config.DEFAULT_REQUEST_CONFIG,
+        on_invalid: Callable[[str, str], None] | None = None,
+        node_selector: str | None = None,
+        pod_selector: str | None = None,
+        resync_s: float = informer.DEFAULT_RESYNC_S,
+    ):
+        self.cache = cache
+        self.recorder = recorder
+        self.request_config = request_config
+        self.on_invalid = on_invalid
+        self.invalid_nodes: dict[str, str] = {}
+        """Node -> why its registration was rejected."""
+        self.bad_pods: dict[str, str] = {}
+        """Pod key -> why its device annotation could not be decoded (the pod is not charged)."""
+        self._seen: dict[str, tuple[str | None, ...]] = {}
+        self._quotas: dict[str, dict[str, resources.QuotaLimits]] = {}
+        self.nodes = informer.Informer(
+            kube, kinds.NODES, self.on_node, label_selector=node_selector, resync_s=resync_s
+        )
+        self.pods = informer.Informer(
+            kube, kinds.PODS, self.on_pod, label_selector=pod_selector, resync_s=resync_s
+        )
+        self.quotas = informer.Informer(kube, kinds.QUOTAS, self.on_quota, resync_s=resync_s)
+        self.informers: tuple[
+            informer.Informer[objects.Node]
+            | informer.Informer[objects.Pod]
+            | informer.Informer[objects.ResourceQuota],
+            ...,
+        ] = (self.nodes, self.pods, self.quotas)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ----- nodes
+
+    def _invalid(self, node: objects.Node, reason: str) -> None:
+        name = node.metadata.name
+        self.cache.remove_node(name)
+        if self.invalid_nodes.get(name) == reason:
+            return
+        self.invalid_nodes[name] = reason
+        log.warning("node %s: %s: %s", name, status.NODE_REGISTRATION_INVALID, reason)
+        if self.recorder is not None:
+            self.recorder.record_node(
+                name,
+                node.metadata.uid,
+                events.WARNING,
+                status.NODE_REGISTRATION_INVALID,
+                INVALID_ACTION,
+                reason,
+            )
+        if self.on_invalid is not None:
+            self.on_invalid(name, reason)
+
+    def on_node(self, event: informer.Event[objects.Node]) -> None:
+        """Apply one node event."""
+        node = event.obj
+        if node is None:
+            return
+        name = node.metadata.name
+        if event.type is informer.EventType.DELETED:
+            self._seen.pop(name, None)
+            self.invalid_nodes.pop(name, None)
+            self.cache.remove_node(name)
+            return
+        ann = node.metadata.annotations
+        fingerprint = tuple(ann.get(k) for k in NODE_ANNOTATIONS)
+        if self._seen.get(name) == fingerprint:
+            return
+        self._seen[name] = fingerprint
+        try:
+            inventory = node_inventory.decode_node(name, ann)
+        except codec_errors.AnnotationMissing:
+            self.invalid_nodes.pop(name, None)
+            self.cache.remove_node(name)
+            return
+        except codec_errors.DecodeError as exc:
+            self._invalid(node, str(exc))
+            return
+        self.invalid_nodes.pop(name, None)
+        self.cache.upsert_node(inventory)
+
+    # ----- pods
+
+    def on_pod(self, event: informer.Event[objects.Pod]) -> None:
+        """Apply one pod event."""
+        pod = event.obj
+        if pod is None:
+            return
+        key = pod.key
+        if event.type is informer.EventType.DELETED or pod.terminated:
+            self.bad_pods.pop(key, None)
+            self.cache.remove_pod(key)
+            return
+        init = len(pod.spec.init_containers)
+        try:
+            alloc = pod_devices.allocation_from_annotations(
+                pod.metadata.annotations, init_count=init, container_count=init + len(pod.spec.containers)
+            )
+        except codec_errors.DecodeError as exc:
+            if self.bad_pods.get(key) != str(exc):
+                log.warning("pod %s: device annotation not charged: %s", key, exc)
+            self.bad_pods[key] = str(exc)
+            alloc = None
+        if alloc is None:
+            self.cache.remove_pod(key)
+            return
+        self.bad_pods.pop(key, None)
+        self.cache.add_pod(key, pod.metadata.uid, alloc)
+
+    # ----- quotas
+
+    def on_quota(self, event: informer.Event[objects.ResourceQuota]) -> None:
+        """Apply one ResourceQuota event."""
+        quota = event.obj
+        if quota is None:
+            return
+        ns, name = quota.metadata.namespace, quota.metadata.name
+        in_ns = self._quotas.setdefault(ns, {})
+        if event.type is informer.EventType.DELETED:
+            in_ns.pop(name, None)
+        else:
+            try:
+                in_ns[name] = resources.parse_quota(quota.spec.hard, self.request_config)
+            except codec_errors.DecodeError as exc:
+                log.warning("resourcequota %s/%s ignored: %s", ns, name, exc)
+                in_ns.pop(name, None)
+        if not in_ns:
+            self._quotas.pop(ns, None)
+        self.cache.set_quota(ns, combine(list(in_ns.values())))
+
+    # ----- lifecycle
+
+    def readiness(self) -> bool:
+        """True once every kind has listed, and while every watch is healthy."""
+        return all(i.synced and i.healthy for i in self.informers)
+
+    async def run(self) -> None:
+        """Run every informer until cancelled."""
+        await asyncio.gather(*(i.run() for i in self.informers))
+
+    async def __aenter__(self) -> Sync:
+        self._tasks = [asyncio.create_task(i.run(), name=f"informer-{i.kind.name}") for i in self.informers]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
