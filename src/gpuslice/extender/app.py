@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from typing import TypedDict, TypeVar
 
 import msgspec
@@ -54,6 +54,8 @@ class Deps:
     events: binds.Events
     ready: Callable[[], bool] = lambda: True
     services: Sequence[Service] = ()
+    invalid_nodes: Collection[str] = frozenset()
+    """Nodes whose GPU registration does not decode (live view kept by the feed)."""
 
 
 class State(TypedDict):
@@ -141,7 +143,7 @@ def create_app(deps: Deps) -> Starlette:
             if pod.wants_gpu and pod.uid not in seen:
                 seen.put(pod.uid, True)
                 view.observe(deps.cache, scheduling.shape(snap, pod, names))
-            outcome = scheduling.filter_nodes(snap, pod, names, deps.policies, log)
+            outcome = scheduling.filter_nodes(snap, pod, names, deps.policies, log, deps.invalid_nodes)
             deps.flow.remember(pod)
             if pod.uid and outcome.scores:
                 score_memo.put(pod.uid, (view.generation(snap), outcome.scores))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gpuslice.extender import logs, view
@@ -72,6 +72,7 @@ def filter_nodes(
     names: Sequence[str],
     policies: Policies,
     log: logs.Log,
+    invalid: Collection[str] = (),
 ) -> FilterOutcome:
     """Which of ``names`` can hold the pod, and why the others cannot.
 
@@ -86,7 +87,7 @@ def filter_nodes(
     if card_policy is None or node_policy is None:
         return reject_all(names, status.INVALID_REQUEST)
     if log.enabled(5):
-        return _filter_verbose(snap, pod, names, card_policy, log)
+        return _filter_verbose(snap, pod, names, card_policy, log, invalid)
     ctx = context(snap)
     quota = view.quota(snap, pod.namespace)
     ev = batch.evaluate(snap.nodes, view.columns(snap), names, pod, node_policy, card_policy, ctx, quota)
@@ -101,17 +102,17 @@ def filter_nodes(
                 log.v(4, "filter node", pod=pod.name, node=name, feasible=True, score=int(ev.scores[i]))
             continue
         st, card_reasons = ev.failures[name]
-        _reject(out, snap, name, st)
+        _reject(out, snap, name, st, invalid)
         if verbose:
             why = " ".join(f"{n}x{r}" for r, n in card_reasons) or ",".join(st.reasons)
             log.v(4, "filter node", pod=pod.name, node=name, feasible=False, reason=why)
     return out
 
 
-def _reject(out: FilterOutcome, snap: Any, name: str, st: status.Status) -> None:
+def _reject(out: FilterOutcome, snap: Any, name: str, st: status.Status, invalid: Collection[str]) -> None:
     """File a rejected node under the right map with its reason code."""
     if view.node_state(snap, name) is None:
-        reason = view.node_problem(snap, name)
+        reason = view.node_problem(snap, name, invalid)
         out.unresolvable[name] = reason
     else:
         reason = ",".join(st.reasons) or status.INVALID_REQUEST
@@ -121,7 +122,12 @@ def _reject(out: FilterOutcome, snap: Any, name: str, st: status.Status) -> None
 
 
 def _filter_verbose(
-    snap: Any, pod: requests.PodRequest, names: Sequence[str], card_policy: registry.Policy, log: logs.Log
+    snap: Any,
+    pod: requests.PodRequest,
+    names: Sequence[str],
+    card_policy: registry.Policy,
+    log: logs.Log,
+    invalid: Collection[str],
 ) -> FilterOutcome:
     """The filter node by node with ``fit.place``, logging every node and card."""
     ctx = context(snap)
@@ -130,7 +136,7 @@ def _filter_verbose(
     for name in names:
         state = view.node_state(snap, name)
         if state is None:
-            _reject(out, snap, name, status.SUCCESS)
+            _reject(out, snap, name, status.SUCCESS, invalid)
             log.v(4, "filter node", pod=pod.name, node=name, feasible=False, reason=out.unresolvable[name])
             continue
         placement = fit.place(state, pod, card_policy, ctx, quota)
@@ -138,7 +144,7 @@ def _filter_verbose(
             out.feasible.append(name)
             out.reasons[FEASIBLE] += 1
         else:
-            _reject(out, snap, name, placement.status)
+            _reject(out, snap, name, placement.status, invalid)
         log.v(4, "filter node", pod=pod.name, node=name, feasible=placement.status.ok, reason=_why(placement))
         _log_cards(log, state, pod, placement)
     return out

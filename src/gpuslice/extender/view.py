@@ -6,7 +6,7 @@ change in this one module.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, Protocol
 
 from gpuslice.model import allocations, nodes, status
@@ -48,10 +48,9 @@ def node_state(snap: Any, name: str) -> nodes.NodeState | None:
     return state
 
 
-def node_problem(snap: Any, name: str) -> str:
+def node_problem(snap: Any, name: str, invalid: Collection[str] = ()) -> str:
     """Why a node without a state is unusable: invalid registration or none at all."""
-    invalid = getattr(snap, "invalid_nodes", None)
-    if invalid is not None and name in invalid:
+    if name in invalid or name in getattr(snap, "invalid_nodes", ()):
         return status.NODE_REGISTRATION_INVALID
     return status.NODE_UNREGISTERED
 

@@ -1,0 +1,116 @@
+"""``gpuslice serve``: the HTTP extender a kube-scheduler calls.
+
+Reads the settings once (flags > ``GPUSLICE_*`` environment > ``--config`` YAML > defaults; an
+invalid setting prints one clear line and exits with status 2), connects to the apiserver
+(``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config`` or in-cluster), builds the cache, the
+informer feed, the event recorder and the bind path, and serves the app with uvicorn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import uvicorn
+
+from gpuslice.cache import cache as caches
+from gpuslice.extender import app as apps
+from gpuslice.extender import bind as binds
+from gpuslice.extender import binder as binders
+from gpuslice.extender import config, feed, logs, metrics, scheduling, view
+from gpuslice.kube import client as kclient
+from gpuslice.kube import events as kevents
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``gpuslice serve`` flags (one per setting, see ``extender.config``)."""
+    config.add_arguments(parser)
+
+
+def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
+    """Wire the real dependencies (no I/O happens until the app's lifespan starts)."""
+    kube = kclient.KubeClient.auto(settings.kubeconfig or None, qps=settings.qps, burst=settings.burst)
+    cache = caches.ClusterCache()
+    m = metrics.Metrics(lambda: view.states(cache.snapshot()))
+    policies = scheduling.Policies.build(settings.node_policy, settings.card_policy)
+    instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
+    recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
+    events: binds.Events = recorder if recorder is not None else binds.NoEvents()
+    flow = binds.BindFlow(
+        cache=cache,
+        binder=binders.KubeBinder(kube),
+        policies=policies,
+        request_config=settings.request_config,
+        clock=time.time,
+        log=log,
+        metrics=m,
+        events=events,
+    )
+    source = feed.Feed(kube, cache, settings, log, m)
+
+    @contextlib.asynccontextmanager
+    async def kube_client() -> AsyncIterator[object]:
+        try:
+            yield kube
+        finally:
+            await kube.aclose()
+
+    services: list[apps.Service] = [kube_client, source.running]
+    if recorder is not None:
+
+        @contextlib.asynccontextmanager
+        async def event_worker() -> AsyncIterator[object]:
+            async with recorder:
+                yield recorder
+
+        services.append(event_worker)
+    return apps.Deps(
+        settings=settings,
+        cache=cache,
+        flow=flow,
+        policies=policies,
+        log=log,
+        metrics=m,
+        events=events,
+        ready=source.ready,
+        services=services,
+        invalid_nodes=source.invalid_nodes,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the extender until SIGINT/SIGTERM; 2 on invalid settings, 1 on startup failure."""
+    try:
+        settings = config.load(args)
+    except config.ConfigError as err:
+        print(f"gpuslice serve: {err}", file=sys.stderr)
+        return 2
+    log = logs.configure(settings.verbosity)
+    try:
+        deps = build(settings, log)
+    except Exception as err:  # noqa: BLE001 - startup problems (kubeconfig, TLS files) end the command
+        print(f"gpuslice serve: cannot start: {err}", file=sys.stderr)
+        return 1
+    log.info(
+        "serving",
+        listen=settings.listen,
+        node_policy=settings.node_policy,
+        card_policy=settings.card_policy,
+        tls=bool(settings.tls_cert),
+    )
+    uvicorn.run(
+        apps.create_app(deps),
+        host=settings.host,
+        port=settings.port,
+        ssl_certfile=settings.tls_cert or None,
+        ssl_keyfile=settings.tls_key or None,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+    return 0
