@@ -5,10 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import TypeVar
 
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from gpuslice.codec import goparse
 from gpuslice.model import allocations, devices, nodes, topology
+
+RELAXED = settings(deadline=None)
+"""No per-example deadline: the CI runners are shared and a slow example is not a failure."""
 
 int32 = st.integers(goparse.INT32_MIN, goparse.INT32_MAX)
 nonneg32 = st.integers(0, goparse.INT32_MAX)

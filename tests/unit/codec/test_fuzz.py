@@ -27,6 +27,7 @@ from gpuslice.codec import (
     topology,
 )
 from gpuslice.model import config
+from tests.unit.codec import strategies
 
 pytestmark = pytest.mark.unit
 
@@ -93,6 +94,7 @@ DECODERS: dict[str, tuple[str, Callable[[str], object]]] = {
 
 
 @pytest.mark.parametrize("name", sorted(DECODERS))
+@strategies.RELAXED
 @given(value=texts)
 def test_decoders_raise_only_decode_error(name: str, value: str) -> None:
     annotation, decoder = DECODERS[name]
@@ -113,6 +115,7 @@ NODE_KEYS = [
 VALID_REGISTER = '[{"id":"GPU-a","count":10,"devmem":1000,"devcore":100,"type":"NVIDIA-T4","health":true}]'
 
 
+@strategies.RELAXED
 @given(st.dictionaries(st.sampled_from(NODE_KEYS), texts, max_size=5), st.booleans())
 def test_node_decode_raises_only_decode_error(annotations: dict[str, str], valid_register: bool) -> None:
     if valid_register:
@@ -125,12 +128,14 @@ def test_node_decode_raises_only_decode_error(annotations: dict[str, str], valid
         assert inv.devices
 
 
+@strategies.RELAXED
 @given(st.text(max_size=40), st.integers(0, 16), st.integers(0, 16))
 def test_health_checks_never_raise(value: str, allocatable: int, reported: int) -> None:
     handshake.handshake_health(value, allocatable, NOW)
     handshake.nvidia_health(allocatable, reported, value, value, None, NOW)
 
 
+@strategies.RELAXED
 @given(st.text(max_size=40), st.text(max_size=10), st.text(max_size=10))
 def test_lock_assessment_never_raises(value: str, namespace: str, name: str) -> None:
     state = locks.assess(value, namespace, name, NOW)
@@ -175,6 +180,7 @@ pod_like = st.recursive(
 )
 
 
+@strategies.RELAXED
 @given(st.dictionaries(st.sampled_from(["metadata", "spec"]), pod_like, max_size=2))
 def test_parse_pod_raises_only_decode_error(pod: dict[str, Any]) -> None:
     try:

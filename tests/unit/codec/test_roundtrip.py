@@ -16,12 +16,14 @@ from tests.unit.codec import strategies
 pytestmark = pytest.mark.unit
 
 
+@strategies.RELAXED
 @given(strategies.json_cards)
 def test_registration_json_roundtrip(cards: list[devices.GpuDevice]) -> None:
     encoded = registrations.encode_json(cards)
     assert registrations.decode(encoded) == tuple(cards)
 
 
+@strategies.RELAXED
 @given(strategies.legacy_cards)
 def test_registration_legacy_roundtrip(cards: list[devices.GpuDevice]) -> None:
     encoded = registrations.encode_legacy(cards)
@@ -35,6 +37,7 @@ def test_legacy_encoder_refuses_separators_in_type(text: str) -> None:
         registrations.encode_legacy([devices.GpuDevice(uuid="GPU-0", type=text)])
 
 
+@strategies.RELAXED
 @given(strategies.container_lists)
 def test_pod_devices_roundtrip(containers: tuple[allocations.ContainerAllocation, ...]) -> None:
     encoded = pod_devices.encode(containers)
@@ -44,6 +47,7 @@ def test_pod_devices_roundtrip(containers: tuple[allocations.ContainerAllocation
     assert pod_devices.decode_for_containers(encoded) == containers
 
 
+@strategies.RELAXED
 @given(strategies.container_lists, st.integers(0, 3), strategies.instants)
 def test_allocation_rebuilt_from_bind_annotations(
     containers: tuple[allocations.ContainerAllocation, ...], init: int, now: dt.datetime
@@ -60,6 +64,7 @@ def test_allocation_rebuilt_from_bind_annotations(
         assert rebuilt is None
 
 
+@strategies.RELAXED
 @given(strategies.topologies(), st.booleans(), st.data())
 def test_topology_annotation_roundtrip(
     topo: model_topology.Topology, with_numa: bool, data: st.DataObject
@@ -71,6 +76,7 @@ def test_topology_annotation_roundtrip(
     )
 
 
+@strategies.RELAXED
 @given(strategies.topologies(proper_diagonal=True))
 def test_pair_scores_keep_links_and_pcie_levels(topo: model_topology.Topology) -> None:
     # Every HAMi score is 100 x links + a level score in 10..60, so both come back exactly.
@@ -81,6 +87,7 @@ def test_pair_scores_keep_links_and_pcie_levels(topo: model_topology.Topology) -
     assert derived.pcie == topo.pcie
 
 
+@strategies.RELAXED
 @given(strategies.instants, strategies.text_without(",", 30), strategies.text_without(",", 30))
 def test_lock_roundtrip(now: dt.datetime, namespace: str, name: str) -> None:
     lock = locks.decode(locks.encode(now, namespace, name))
@@ -88,6 +95,7 @@ def test_lock_roundtrip(now: dt.datetime, namespace: str, name: str) -> None:
     assert locks.is_owner(locks.encode(now, namespace, name), namespace, name)
 
 
+@strategies.RELAXED
 @given(strategies.instants)
 def test_legacy_lock_roundtrip(now: dt.datetime) -> None:
     lock = locks.decode(instants.format_rfc3339(now))
@@ -95,6 +103,7 @@ def test_legacy_lock_roundtrip(now: dt.datetime) -> None:
     assert not lock.has_owner
 
 
+@strategies.RELAXED
 @given(strategies.telemetry_cards, strategies.instants)
 def test_telemetry_roundtrip(cards: list[nodes.CardTelemetry], now: dt.datetime) -> None:
     decoded = telemetry.decode(telemetry.encode(cards, now))
