@@ -110,7 +110,9 @@ build() {
     tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$NAME-XXXXXX")
     # shellcheck disable=SC2064  # expand now: the trap must remove this very directory
     trap "rm -rf '$tmp'" EXIT
-    log "cold build of $NAME with $(go version | cut -d' ' -f3) (-p $JOBS); this takes 10-20+ min on 2 cores"
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    log "building $NAME with $(go version | cut -d' ' -f3) (-p $JOBS); a cold build (empty GOCACHE) takes ~5-20 min on 2 cores"
 
     # Reproducible stamps: the release's commit time from the module proxy instead of `date`.
     date_k8s=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
@@ -139,7 +141,7 @@ build() {
     mkdir -p "$DEST"
     if [[ -e $BIN ]]; then mv -T "$BIN" "$tmp/stale-bin"; fi
     mv -T "$tmp/bin" "$BIN"
-    log "cold build time: $((SECONDS - start)) s"
+    log "build time: $((SECONDS - start)) s"
 }
 
 mkdir -p "$CACHE_ROOT"
