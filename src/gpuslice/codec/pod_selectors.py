@@ -7,10 +7,15 @@ match every card through its empty item.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+
+import msgspec
 
 from gpuslice.codec import errors, goparse, keys
 from gpuslice.model import requests
+
+_WEIGHT = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", re.ASCII)
 
 
 def split_list(value: str | None) -> tuple[str, ...]:
@@ -84,3 +89,39 @@ def node_policy(annotations: Mapping[str, str]) -> str | None:
 def card_policy(annotations: Mapping[str, str]) -> str | None:
     """The per-pod card policy override (possibly a comma chain), or None."""
     return _optional(annotations, keys.GPU_SCHEDULER_POLICY)
+
+
+class ScoringWeights(msgspec.Struct, frozen=True, kw_only=True):
+    """Card-score weights from ``hami.io/device-scoring-weights`` (HAMi's default is 1, 1, 1)."""
+
+    slot: float = 1.0
+    core: float = 1.0
+    memory: float = 1.0
+
+
+def scoring_weights(annotations: Mapping[str, str]) -> ScoringWeights | None:
+    """The pod's card-score weights, or None when the annotation is absent or empty.
+
+    Raises:
+        DecodeError: not exactly ``slot=<w>,core=<w>,memory=<w>`` (any order) with non-negative
+            numbers and at least one positive (HAMi makes such a pod unschedulable).
+    """
+    raw = annotations.get(keys.DEVICE_SCORING_WEIGHTS, "").strip()
+    if not raw:
+        return None
+    found: dict[str, float] = {}
+    for item in raw.split(","):
+        name, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or name not in ("slot", "core", "memory") or name in found or not _WEIGHT.fullmatch(value):
+            raise errors.DecodeError(
+                keys.DEVICE_SCORING_WEIGHTS, name or "value", f"invalid weight {item.strip()!r}"
+            )
+        found[name] = float(value)
+    if len(found) != 3:
+        missing = sorted({"slot", "core", "memory"} - found.keys())
+        raise errors.DecodeError(
+            keys.DEVICE_SCORING_WEIGHTS, missing[0], f"missing weights {', '.join(missing)}"
+        )
+    if not any(w > 0 for w in found.values()):
+        raise errors.DecodeError(keys.DEVICE_SCORING_WEIGHTS, "value", "at least one weight must be positive")
+    return ScoringWeights(**found)

@@ -79,6 +79,10 @@ DECODERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "lock": (keys.NODE_LOCK, locks.decode),
     "quantity": ("nvidia.com/gpumem", lambda v: quantity.parse(v, "nvidia.com/gpumem")),
     "numa-hint": (keys.NUMA_HINT, lambda v: pod_selectors.selectors({keys.NUMA_HINT: v})),
+    "scoring-weights": (
+        keys.DEVICE_SCORING_WEIGHTS,
+        lambda v: pod_selectors.scoring_weights({keys.DEVICE_SCORING_WEIGHTS: v}),
+    ),
     "quota": ("limits.nvidia.com/gpumem", lambda v: resources.parse_quota({"limits.nvidia.com/gpumem": v})),
     "gpu-count": (
         "nvidia.com/gpu",

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpuslice.codec import errors, keys, resources
+from gpuslice.codec import errors, keys, pod_selectors, resources
 from gpuslice.model import config, requests
 
 pytestmark = pytest.mark.unit
@@ -264,3 +264,44 @@ def test_parse_quota_garbage() -> None:
     with pytest.raises(errors.DecodeError) as info:
         resources.parse_quota({"limits.nvidia.com/gpumem": "lots"})
     assert info.value.annotation == "limits.nvidia.com/gpumem"
+
+
+WEIGHT_CASES = [
+    ("absent", {}, None),
+    ("empty", {keys.DEVICE_SCORING_WEIGHTS: " "}, None),
+    (
+        "example",
+        {keys.DEVICE_SCORING_WEIGHTS: "slot=1,core=1,memory=3"},
+        pod_selectors.ScoringWeights(memory=3.0),
+    ),
+    (
+        "any-order-spaces-decimals",
+        {keys.DEVICE_SCORING_WEIGHTS: " memory = 0.5, slot=0 ,core=2"},
+        pod_selectors.ScoringWeights(slot=0.0, core=2.0, memory=0.5),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "want"), [c[1:] for c in WEIGHT_CASES], ids=[c[0] for c in WEIGHT_CASES]
+)
+def test_scoring_weights(annotations: dict[str, str], want: pod_selectors.ScoringWeights | None) -> None:
+    assert pod_selectors.scoring_weights(annotations) == want
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "slot=1,core=1",
+        "slot=1,core=1,memory=1,slot=2",
+        "slot=1,core=1,mem=1",
+        "slot=0,core=0,memory=0",
+        "slot=-1,core=1,memory=1",
+        "slot",
+    ],
+    ids=["missing-memory", "repeated", "unknown-key", "all-zero", "negative", "no-equals"],
+)
+def test_bad_scoring_weights(value: str) -> None:
+    with pytest.raises(errors.DecodeError) as info:
+        pod_selectors.scoring_weights({keys.DEVICE_SCORING_WEIGHTS: value})
+    assert info.value.annotation == keys.DEVICE_SCORING_WEIGHTS
