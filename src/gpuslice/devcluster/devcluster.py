@@ -1,0 +1,289 @@
+"""``gpuslice dev-cluster``: a local cluster where a real kube-scheduler calls gpuslice.
+
+Started, in order: etcd + kube-apiserver (``ControlPlane``), ``gpuslice serve`` as a child
+process on a free loopback port, kube-scheduler configured with the output of ``gpuslice render
+scheduler-config`` (the same text e2e tests use), and N fake GPU nodes with the device-plugin
+stand-in (``nodesim``). It prints a kubeconfig path so ``kubectl`` works, runs until Ctrl-C and
+stops every process by its own pid.
+
+The extender runs as a child process because ``devcluster`` and ``extender`` are independent
+layers; the helpers here (``start_extender``, ``render_scheduler_config``) are what the e2e
+fixtures use too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from gpuslice.devcluster import controlplane, nodesim
+from gpuslice.kube import client as kclient
+
+_STOP_GRACE_S = 10.0
+
+
+class DevClusterError(RuntimeError):
+    """A component did not start."""
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def gpuslice_command(*args: str) -> list[str]:
+    """``python -m gpuslice <args>`` with this interpreter."""
+    return [sys.executable, "-m", "gpuslice", *args]
+
+
+def render_scheduler_config(url: str, kubeconfig: Path, scheduler_name: str = "gpuslice-scheduler") -> str:
+    """The output of ``gpuslice render scheduler-config`` for this cluster."""
+    out = subprocess.run(  # noqa: S603 - our own CLI
+        gpuslice_command(
+            "render",
+            "scheduler-config",
+            "--url",
+            url,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--scheduler-name",
+            scheduler_name,
+        ),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout
+
+
+class Extender:
+    """A ``gpuslice serve`` child process.
+
+    Args:
+        kubeconfig: the kubeconfig it talks to the apiserver with.
+        log_path: where its stdout/stderr go.
+        port: listen port (a free one when None).
+        extra_args: more ``serve`` flags (e.g. ``-v 4``).
+    """
+
+    def __init__(
+        self, kubeconfig: Path, log_path: Path, port: int | None = None, extra_args: Sequence[str] = ()
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.port = port or free_port()
+        self.extra_args = list(extra_args)
+        self.popen: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Its base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> Extender:
+        """Start it and wait until ``/readyz`` answers 200 (caches synced)."""
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(  # noqa: S603 - our own CLI
+            gpuslice_command(
+                "serve",
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--kubeconfig",
+                str(self.kubeconfig),
+                *self.extra_args,
+            ),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                code = self.popen.returncode
+                self.stop()
+                raise DevClusterError(
+                    f"gpuslice serve exited with {code}; see {self.log_path}:\n{self.tail()}"
+                )
+            if http_status(self.url + "/readyz") == 200:
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise DevClusterError(
+            f"gpuslice serve not ready after {timeout:.0f} s; see {self.log_path}:\n{self.tail()}"
+        )
+
+    def stop(self) -> None:
+        """Stop it by its pid (SIGTERM, then SIGKILL)."""
+        popen, self.popen = self.popen, None
+        if popen is not None and popen.poll() is None:
+            popen.send_signal(signal.SIGTERM)
+            try:
+                popen.wait(_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def tail(self, lines: int = 40) -> str:
+        """The end of its log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def http_status(url: str, timeout: float = 2.0) -> int:
+    """The HTTP status of a GET, 0 when unreachable."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback URL we built
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+class NodeSimThread:
+    """Fake GPU nodes and ``nodesim.NodeSim`` on their own event loop in a background thread.
+
+    Args:
+        kubeconfig: admin kubeconfig.
+        nodes: node name -> keyword arguments of ``nodesim.make_node`` (model, count, memory_mib,
+            numa, ...).
+    """
+
+    def __init__(self, kubeconfig: Path, nodes: Mapping[str, Mapping[str, Any]]) -> None:
+        self.kubeconfig = kubeconfig
+        self.nodes = dict(nodes)
+        self.sim: nodesim.NodeSim | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._thread_main, name="nodesim", daemon=True)
+
+    def start(self, timeout: float = 60.0) -> NodeSimThread:
+        """Create the nodes and start serving; returns once the nodes exist."""
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise DevClusterError("nodesim did not create the nodes in time")
+        if self._error is not None:
+            raise DevClusterError(f"nodesim failed: {self._error}") from self._error
+        return self
+
+    def stop(self) -> None:
+        """Stop the simulator and its thread."""
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(task.cancel)
+        self._thread.join(10)
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as err:  # noqa: BLE001 - reported through start()
+            self._error = err
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        kube = kclient.KubeClient.from_kubeconfig(self.kubeconfig)
+        try:
+            for name, spec in self.nodes.items():
+                await nodesim.make_node(kube, name, **spec)
+            self.sim = nodesim.NodeSim(kube, nodes=self.nodes)
+            self._ready.set()
+            await self.sim.run()
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await kube.aclose()
+
+
+@contextlib.contextmanager
+def cluster(
+    nodes: int,
+    model: str,
+    gpus_per_node: int,
+    memory_mib: int,
+    verbosity: int = 0,
+    workdir: Path | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Everything running; yields ``{"control_plane", "extender", "kubeconfig", "sim"}``."""
+    with contextlib.ExitStack() as stack:
+        cp = controlplane.ControlPlane(workdir=workdir)
+        cp.start()
+        stack.callback(cp.stop)
+        specs = {
+            f"gpu-node-{i}": {
+                "model": model,
+                "count": gpus_per_node,
+                "memory_mib": memory_mib,
+                "numa_nodes": 2,
+            }
+            for i in range(nodes)
+        }
+        sim = NodeSimThread(cp.kubeconfig, specs).start()
+        stack.callback(sim.stop)
+        ext = Extender(cp.kubeconfig, cp.workdir / "gpuslice.log", extra_args=["-v", str(verbosity)])
+        ext.start()
+        stack.callback(ext.stop)
+        cp.start_scheduler(render_scheduler_config(ext.url, cp.kubeconfig))
+        stack.callback(cp.stop_scheduler)
+        yield {"control_plane": cp, "extender": ext, "kubeconfig": cp.kubeconfig, "sim": sim}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``gpuslice dev-cluster`` flags."""
+    parser.add_argument("--nodes", type=int, default=4, help="fake GPU nodes")
+    parser.add_argument("--model", default=nodesim.DEFAULT_MODEL, help="GPU model name as registered")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
+    parser.add_argument("--memory-mib", type=int, default=81920, help="memory per GPU")
+    parser.add_argument("-v", "--verbosity", type=int, default=2, help="gpuslice log level")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep logs and kubeconfigs here")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the dev cluster until Ctrl-C (or SIGTERM)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        with cluster(
+            args.nodes, args.model, args.gpus, args.memory_mib, args.verbosity, args.workdir
+        ) as running:
+            cp = running["control_plane"]
+            print(f"kubeconfig: {running['kubeconfig']}")
+            print(f"  export KUBECONFIG={running['kubeconfig']}")
+            print(f"gpuslice:   {running['extender'].url} (log {running['extender'].log_path})")
+            print(f"logs:       {cp.workdir}")
+            print("pods must set spec.schedulerName: gpuslice-scheduler; Ctrl-C stops everything", flush=True)
+            while not stop.wait(1.0):
+                if running["extender"].popen is None or running["extender"].popen.poll() is not None:
+                    print("gpuslice serve exited; stopping", file=sys.stderr)
+                    return 1
+    except (DevClusterError, controlplane.ControlPlaneError) as err:
+        print(f"gpuslice dev-cluster: {err}", file=sys.stderr)
+        return 1
+    return 0
