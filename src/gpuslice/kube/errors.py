@@ -10,7 +10,7 @@ of the two::
 
     ApiError
       ApiClientError (4xx, permanent)      NotFound 404, Conflict 409, Gone 410, Invalid 422
-        TooManyRequests 429 (temporary)
+      TooManyRequests (429, temporary)
       ApiServerError (5xx, temporary)
       ApiUnavailable (transport: connect/read failure, timeout; temporary)
 """
@@ -92,8 +92,8 @@ class Invalid(ApiClientError):
     default_code = 422
 
 
-class TooManyRequests(ApiClientError, TemporaryError):
-    """429: API priority and fairness or an eviction budget throttled the request."""
+class TooManyRequests(ApiError, TemporaryError):
+    """429: API priority and fairness throttled the request (a 4xx, but worth retrying)."""
 
     default_code = 429
 
