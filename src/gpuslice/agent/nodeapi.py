@@ -42,3 +42,7 @@ class KubeNodeApi:
         nodes.record_node_event(
             self._client, node, type_=type_, reason=reason, note=note, action=action, now=now
         )
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._client.close()

@@ -45,6 +45,10 @@ class NodeApi(Protocol):
         """Record an event about the Node."""
         ...
 
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -179,12 +183,14 @@ class Agent:
         return max(0.0, min(self._next_refresh, self._next_telemetry) - self._clock())
 
     def close(self) -> None:
-        """Stop the health thread and release NVML."""
+        """Stop the health thread, release NVML and the API connections."""
         if self.watcher is not None:
             self.watcher.stop()
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
+        if self._api is not None:
+            self._api.close()
 
     # --- discovery and publishing ---
 

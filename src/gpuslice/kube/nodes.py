@@ -104,7 +104,10 @@ def record_node_event(
         NodeApiError: the create failed.
     """
     event = events_v1.Event(
-        metadata=meta_v1.ObjectMeta(generateName=f"{node.name}.", namespace=EVENT_NAMESPACE),
+        # named as the kubelet names events: <object>.<unix nanoseconds in hex>
+        metadata=meta_v1.ObjectMeta(
+            name=f"{node.name}.{int(now.timestamp() * 1e9):x}", namespace=EVENT_NAMESPACE
+        ),
         eventTime=now,
         type=type_,
         reason=reason,

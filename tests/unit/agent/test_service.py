@@ -25,6 +25,7 @@ class FakeApi:
         self.patches: list[dict[str, str | None]] = []
         self.events: list[tuple[str, str, str]] = []
         self.fail = False
+        self.closed = False
         self._cond = threading.Condition()
 
     def read(self) -> Mapping[str, str]:
@@ -48,6 +49,9 @@ class FakeApi:
         with self._cond:
             self.events.append((type_, reason, note))
             self._cond.notify_all()
+
+    def close(self) -> None:
+        self.closed = True
 
     def wait_for(self, predicate: Callable[[], bool]) -> bool:
         with self._cond:
