@@ -81,6 +81,7 @@ class BindFlow:
     log: logs.Log
     metrics: metrics.Metrics
     events: Events = dataclasses.field(default_factory=NoEvents)
+    lock_wait_s: float = 3.0
     _pods: Memo = dataclasses.field(default_factory=Memo)
     _scores: Memo = dataclasses.field(default_factory=Memo)
     _done: Memo = dataclasses.field(default_factory=Memo)
@@ -187,7 +188,7 @@ class BindFlow:
         locked = annotated = False
         annotations = pod_devices.bind_annotations(alloc, now)
         try:
-            await self.binder.lock_node(node, ns, name)
+            await self._lock(node, ns, name)
             locked = True
             await self.binder.annotate(ns, name, uid, annotations)
             annotated = True
@@ -209,6 +210,25 @@ class BindFlow:
             await self._rollback(ns, name, uid, node, key, annotations if annotated else None, locked)
             raise
         return self._succeeded(ns, name, uid, node, key, alloc)
+
+    async def _lock(self, node: str, ns: str, name: str) -> None:
+        """Take the node lock, waiting up to ``lock_wait_s`` while another pod's Allocate holds it.
+
+        HAMi fails the bind at once on contention, which sends the pod into kube-scheduler's
+        backoff; a short wait (the plugin holds the lock ~20 ms) keeps binds to one node flowing.
+        """
+        deadline = self.clock() + self.lock_wait_s
+        delay = 0.02
+        while True:
+            try:
+                await self.binder.lock_node(node, ns, name)
+                return
+            except binders.BindFailure as err:
+                if err.reason != "NodeLockContention" or self.clock() + delay > deadline:
+                    raise
+                self.metrics.lock_waits.inc()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
     def _succeeded(
         self, ns: str, name: str, uid: str, node: str, key: str, alloc: allocations.PodAllocation

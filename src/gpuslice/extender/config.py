@@ -51,6 +51,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         verbosity: klog-style log level (``-v``): 4 logs each node, 5 each card.
         kubeconfig: kubeconfig path; '' = ``$KUBECONFIG``, ``~/.kube/config`` or in-cluster.
         assumed_ttl_s: how long an assumed pod may wait for its informer confirmation.
+        lock_wait_s: how long a bind waits for a node lock held by another pod (keep it below
+            the scheduler's ``httpTimeout``).
         body_limit_bytes: largest accepted request body.
         scheduler_name: the kube-scheduler profile gpuslice serves (used in events).
         events: emit Kubernetes events for filter and bind outcomes.
@@ -73,6 +75,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     verbosity: int = 0
     kubeconfig: str = ""
     assumed_ttl_s: float = 30.0
+    lock_wait_s: float = 3.0
     body_limit_bytes: int = MiB
     scheduler_name: str = "gpuslice-scheduler"
     events: bool = True
@@ -196,6 +199,8 @@ def validate(values: Mapping[str, Any]) -> Settings:
         problems.append("verbosity must be in 0..10")
     if settings.qps <= 0 or settings.burst < 1:
         problems.append("qps must be > 0 and burst >= 1")
+    if not 0 <= settings.lock_wait_s < 30:
+        problems.append("lock_wait_s must be in [0, 30)")
     if settings.body_limit_bytes < 1024:
         problems.append("body_limit_bytes must be >= 1024")
     if settings.assumed_ttl_s <= 0 or settings.watch_timeout_s <= 0 or settings.resync_period_s < 0:

@@ -101,6 +101,11 @@ class Metrics:
             registry=r,
         )
         self.binds = Counter("gpuslice_bind_total", "Bind outcomes", ["outcome"], registry=r)
+        self.lock_waits = Counter(
+            "gpuslice_bind_node_lock_waits_total",
+            "Retries of a node lock held by another pod's Allocate",
+            registry=r,
+        )
         self.api_errors = Counter(
             "gpuslice_api_errors_total",
             "Kubernetes API call failures on the bind path",

@@ -50,6 +50,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         log=log,
         metrics=m,
         events=events,
+        lock_wait_s=settings.lock_wait_s,
     )
     source = feed.Feed(kube, cache, settings, log, m)
 

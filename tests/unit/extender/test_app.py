@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from gpuslice.codec import keys, pod_devices
+from gpuslice.codec import keys, pod_devices, resources
 from gpuslice.extender import app as apps
-from gpuslice.extender import config
+from gpuslice.extender import config, wire
 from gpuslice.policy import quota as quotas
 from tests.unit.builders import node
 from tests.unit.extender import fakes
@@ -290,3 +290,39 @@ def test_settings_body_limit_applies(cache: fakes.FakeCache) -> None:
     with TestClient(apps.create_app(fakes.make_deps(cache, settings=settings))) as c:
         r = c.post("/filter", content=json.dumps(_args(fakes.gpu_pod("p"), ["n"] * 1000)))
     assert r.status_code == 413
+
+
+def test_bind_waits_for_a_node_lock_held_by_another_pods_allocate(cache: fakes.FakeCache) -> None:
+    binder = fakes.FakeBinder()
+    binder.locks["n-free"] = "default/other"
+    deps = fakes.make_deps(cache, binder)
+    clock = [0.0]
+    deps.flow.clock = lambda: clock[0]
+
+    async def release_later() -> None:
+        import asyncio
+
+        await asyncio.sleep(0.05)
+        del binder.locks["n-free"]
+
+    async def run() -> str:
+        import asyncio
+
+        deps.flow.remember(resources.parse_pod(fakes.gpu_pod("p", mem=1000)))
+        args = wire.ExtenderBindingArgs("p", "default", "uid-p", "n-free")
+        releaser = asyncio.create_task(release_later())
+        out = await deps.flow.bind(args)
+        await releaser
+        return out
+
+    import asyncio
+
+    assert asyncio.run(run()) == ""
+    assert binder.bound == {"default/p": "n-free"}
+    # With no time left to wait, contention is an error and everything is rolled back.
+    binder.locks["n-free"] = "default/other"
+    deps.flow.lock_wait_s = 0.0
+    deps.flow.remember(resources.parse_pod(fakes.gpu_pod("q", mem=1000)))
+    err = asyncio.run(deps.flow.bind(wire.ExtenderBindingArgs("q", "default", "uid-q", "n-free")))
+    assert err.startswith("lock failed")
+    assert "default/q" not in cache.pods
