@@ -37,7 +37,8 @@ control-plane:
 	bash hack/control-plane/build.sh
 
 test-integration: $(STAMP) control-plane
-	$(PY) -m pytest tests/integration -m integration -q
+	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
+	  $(PY) -m pytest tests/integration -m integration -q
 
 test: lint typecheck test-unit test-integration
 
