@@ -26,6 +26,7 @@ from gpuslice.codec import resources
 from gpuslice.extender import bind as binds
 from gpuslice.extender import config, logs, metrics, preempt, scheduling, view, wire
 from gpuslice.model import requests, status
+from gpuslice.policy import registry
 
 JSON = "application/json"
 T = TypeVar("T")
@@ -97,12 +98,38 @@ def _parse(deps: Deps, pod: wire.Pod) -> requests.PodRequest | str:
         return str(err)
 
 
+class _Shapes:
+    """Requested shapes, handed to the cache's workload histogram at most once a second.
+
+    Each hand-over bumps the cache generation (a snapshot rebuild); batching keeps that off the
+    per-request path. The fragmentation-aware policies do not need per-request freshness.
+    """
+
+    def __init__(self, cache: view.Cache, period_s: float = 1.0) -> None:
+        self._cache = cache
+        self._period = period_s
+        self._pending: list[registry.Shape] = []
+        self._last = time.monotonic()
+
+    def add(self, shape: registry.Shape) -> None:
+        self._pending.append(shape)
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._pending and (force or now - self._last >= self._period):
+            for shape in self._pending:
+                view.observe(self._cache, shape)
+            self._pending.clear()
+            self._last = now
+
+
 def create_app(deps: Deps) -> Starlette:
     """Build the app around ``deps`` (see the module docstring)."""
     limit = deps.settings.body_limit_bytes
     m = deps.metrics
     log = deps.log
-    score_memo = binds.Memo(1024)  # uid -> (generation, scores) from filter, for prioritize
+    score_memo = binds.Memo(1024)  # uid -> (node states, scores) from filter, for prioritize
+    workload = _Shapes(deps.cache)
     seen = binds.Memo(20_000)  # pods already counted in the workload histogram
 
     def endpoint(
@@ -139,14 +166,15 @@ def create_app(deps: Deps) -> Starlette:
                 f"invalid request: {pod}",
             )
         else:
+            workload.flush()
             snap = deps.cache.snapshot()
             if pod.wants_gpu and pod.uid not in seen:
                 seen.put(pod.uid, True)
-                view.observe(deps.cache, scheduling.shape(snap, pod, names))
+                workload.add(scheduling.shape(snap, pod, names))
             outcome = scheduling.filter_nodes(snap, pod, names, deps.policies, log, deps.invalid_nodes)
             deps.flow.remember(pod)
             if pod.uid and outcome.scores:
-                score_memo.put(pod.uid, (view.generation(snap), outcome.scores))
+                score_memo.put(pod.uid, (snap.nodes, outcome.scores))
             kind, reason = (
                 ("Normal", "FilteringSucceed") if outcome.feasible else ("Warning", "FilteringFailed")
             )
@@ -174,11 +202,10 @@ def create_app(deps: Deps) -> Starlette:
         else:
             snap = deps.cache.snapshot()
             memo = score_memo.pop(pod.uid, None)
-            gen = view.generation(snap)
-            if memo is not None and gen is not None and memo[0] == gen and all(n in memo[1] for n in names):
-                scores = {n: memo[1][n] for n in names}
-            else:
+            if memo is None:
                 scores = scheduling.score_nodes(snap, pod, names, deps.policies, log)
+            else:
+                scores = scheduling.rescore(snap, pod, names, deps.policies, log, *memo)
             deps.flow.remember_scores(pod.uid, scores)
         out = wire.priorities(scores)
         for hp in out:

@@ -190,14 +190,50 @@ def score_nodes(
     if node_policy is None or not pod.wants_gpu:
         return dict.fromkeys(names, 0)
     ctx = context(snap)
-    out: dict[str, int] = {}
-    verbose = log.enabled(4)
-    for name in names:
-        state = view.node_state(snap, name)
-        score = 0 if state is None else node_policy.score_node(state, pod, ctx).score
-        out[name] = score
-        if verbose:
+    if log.enabled(4) or view.columns(snap) is None:
+        out: dict[str, int] = {}
+        for name in names:
+            state = view.node_state(snap, name)
+            score = 0 if state is None else node_policy.score_node(state, pod, ctx).score
+            out[name] = score
             log.v(4, "score node", pod=pod.name, node=name, policy=node_policy.name, score=score)
+        return out
+    card_policy = policies.card(pod) or node_policy
+    quota = view.quota(snap, pod.namespace)
+    ev = batch.evaluate(snap.nodes, view.columns(snap), names, pod, node_policy, card_policy, ctx, quota)
+    return {name: max(0, int(ev.scores[i])) for i, name in enumerate(ev.names)}
+
+
+def rescore(
+    snap: Any,
+    pod: requests.PodRequest,
+    names: Sequence[str],
+    policies: Policies,
+    log: logs.Log,
+    old_nodes: Mapping[str, Any],
+    old_scores: Mapping[str, int],
+) -> dict[str, int]:
+    """Scores from the filter's evaluation, recomputed only for nodes whose state changed since.
+
+    Unchanged nodes keep the very same ``NodeState`` object across snapshots, so an identity check
+    tells which scores are still exact.
+    """
+    node_policy = policies.node(pod)
+    if node_policy is None or not pod.wants_gpu:
+        return dict.fromkeys(names, 0)
+    out: dict[str, int] = {}
+    stale: list[str] = []
+    nodes_now = snap.nodes
+    for name in names:
+        score = old_scores.get(name)
+        state = nodes_now.get(name)
+        if score is not None and state is not None and state is old_nodes.get(name):
+            out[name] = score
+        else:
+            stale.append(name)
+    if stale:
+        out.update(score_nodes(snap, pod, stale, policies, log))
+        out = {name: out[name] for name in names}
     return out
 
 

@@ -17,7 +17,7 @@ from tests.unit.extender import fakes
 pytestmark = pytest.mark.unit
 
 # n-free: one 80 GiB A100, idle. n-full: one card with 78000 of 81920 MiB used.
-# n-two: two idle cards. "ghost" is not in the cache; "bad" has an invalid registration.
+# n-two: two idle cards. n-half: one card with 40000 MiB used. "ghost" is not in the cache; "bad" has an invalid registration.
 
 
 def _cache() -> fakes.FakeCache:
@@ -26,6 +26,7 @@ def _cache() -> fakes.FakeCache:
             node("n-free").gpus(1).state(),
             node("n-full").gpus(1).used(0, memory=78000, cores=10).state(),
             node("n-two").gpus(2).state(),
+            node("n-half").gpus(1).used(0, memory=40000, cores=10).state(),
         ],
         invalid=frozenset({"bad"}),
     )
@@ -117,17 +118,33 @@ def test_quota_blocks_in_filter(cache: fakes.FakeCache, client: TestClient) -> N
     assert ok["NodeNames"] == ["n-free"]
 
 
-def test_prioritize_returns_bare_array_scaled_to_ten(client: TestClient) -> None:
+@pytest.mark.parametrize("filtered_first", [False, True], ids=["cold", "after-filter"])
+def test_prioritize_returns_bare_array_scaled_to_ten(client: TestClient, filtered_first: bool) -> None:
     pod = fakes.gpu_pod("p", mem=8000, cores=30)
-    r = client.post("/prioritize", json=_args(pod, ["n-free", "n-full", "ghost"]))
+    names = ["n-free", "n-half", "ghost"]
+    if filtered_first:
+        client.post("/filter", json=_args(pod, names))
+    r = client.post("/prioritize", json=_args(pod, names))
     assert r.status_code == 200
     body = r.json()
-    assert [h["Host"] for h in body] == ["n-free", "n-full", "ghost"]
+    assert [h["Host"] for h in body] == names
     assert all(0 <= h["Score"] <= 10 for h in body)
     assert body[2]["Score"] == 0  # unknown node
-    # binpack prefers the fuller node.
-    assert body[1]["Score"] >= body[0]["Score"]
+    # binpack prefers the fuller card: n-half ends at (40000 + 8000) / 81920 = 59 % used, n-free at 10 %.
+    assert body[1]["Score"] > body[0]["Score"]
     assert client.post("/score", json=_args(pod, ["n-free"])).json()[0]["Host"] == "n-free"
+
+
+def test_prioritize_rescores_nodes_changed_since_filter(client: TestClient, cache: fakes.FakeCache) -> None:
+    pod = fakes.gpu_pod("p", mem=8000, cores=30)
+    names = ["n-free", "n-half"]
+    client.post("/filter", json=_args(pod, names))
+    before = client.post("/prioritize", json=_args(fakes.gpu_pod("q", mem=8000, cores=30), names)).json()
+    # Fill n-free after the filter: its memoized score is stale and must be recomputed.
+    cache.base["n-free"] = node("n-free").gpus(1).used(0, memory=70000, cores=10).state()
+    after = client.post("/prioritize", json=_args(pod, names)).json()
+    assert after[0]["Score"] > before[0]["Score"]
+    assert after[1] == before[1]
 
 
 def test_bind_writes_hami_annotations_and_binds(

@@ -1,0 +1,373 @@
+"""Extender benchmarks: HTTP latency, end-to-end throughput against a real kube-scheduler, RSS.
+
+(a) latency: filter + prioritize over HTTP for one GPU pod with 500 candidate node names, served
+    by real uvicorn on 127.0.0.1 from an in-memory 5000-node x 8-GPU cache, httpx client with
+    keep-alive (as kube-scheduler's Go client). Targets p50 1 ms, p99 3 ms (the pair).
+(c) rss: the same server process holds 5000 nodes and 50k pods; its VmRSS after the run.
+    Target <= 300 MB.
+(b) throughput: the same N one-GPU pods on the same fake nodes (nodesim), scheduled once by
+    kube-scheduler alone with ``nvidia.com/gpu`` as a plain extended resource and once by
+    kube-scheduler + gpuslice (``render scheduler-config``); bind times come from a pod watch.
+    Rate = (N - 1) / (last bind - first bind). Target ratio >= 0.6.
+
+Run:
+    .venv/bin/python bench/bench_extender.py latency [--reps 500]        # (a) + (c)
+    .venv/bin/python bench/bench_extender.py throughput [--pods 200]     # (b), needs the control plane
+    .venv/bin/python bench/bench_extender.py all
+Writes out/bench_extender_latency.json, out/bench_extender_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+OUT = pathlib.Path("out")
+NODES = 5000
+GPUS = 8
+MEM = 81920
+CANDIDATES = 500
+
+
+# ----------------------------------------------------------------------------- (a) + (c) server
+
+
+def build_cache(pods: int, seed: int) -> Any:
+    """5000 nodes x 8 A100 and ``pods`` one-card pods of 2..16 GiB / 0..30 cores, spread randomly."""
+    from gpuslice.cache import cache as caches
+    from gpuslice.model import allocations, devices, nodes
+
+    rng = np.random.default_rng(seed)
+    c = caches.ClusterCache()
+    for n in range(NODES):
+        devs = tuple(
+            devices.GpuDevice(
+                uuid=f"GPU-{n}-{i}", index=i, type="NVIDIA A100-SXM4-80GB", memory_mib=MEM, numa=i // 4
+            )
+            for i in range(GPUS)
+        )
+        c.upsert_node(nodes.NodeInventory(name=f"node-{n:05d}", devices=devs))
+    cards = rng.integers(0, NODES * GPUS, pods)
+    mems = rng.integers(2, 17, pods) * 1024
+    cores = rng.choice([0, 10, 20, 30], pods)
+    for k in range(pods):
+        n, i = divmod(int(cards[k]), GPUS)
+        grant = allocations.DeviceGrant(f"GPU-{n}-{i}", int(mems[k]), int(cores[k]))
+        alloc = allocations.PodAllocation(node=f"node-{n:05d}", containers=((grant,),))
+        c.add_pod(f"bench/p-{k}", f"uid-{k}", alloc)
+    return c
+
+
+class _NoBinder:
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    async def lock_node(self, node: str, namespace: str, name: str) -> None:
+        raise RuntimeError("no binds in this benchmark")
+
+    async def unlock_node(self, node: str, namespace: str, name: str) -> None:
+        return None
+
+    async def annotate(self, namespace: str, name: str, uid: str, annotations: Any) -> None:
+        return None
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        return None
+
+
+def serve_memory(port: int, pods: int, seed: int) -> None:
+    """The benchmark server: the real app on an in-memory cache (no apiserver)."""
+    import uvicorn
+
+    from gpuslice.extender import app as apps
+    from gpuslice.extender import bind as binds
+    from gpuslice.extender import config, logs, metrics, scheduling, view
+
+    cache = build_cache(pods, seed)
+    cache.snapshot()
+    gc.collect()
+    gc.freeze()
+    settings = config.Settings(events=False)
+    log = logs.Log(0)
+    m = metrics.Metrics(lambda: view.states(cache.snapshot()))
+    policies = scheduling.Policies.build(settings.node_policy, settings.card_policy)
+    flow = binds.BindFlow(cache, _NoBinder(), policies, settings.request_config, time.time, log, m)
+    deps = apps.Deps(settings, cache, flow, policies, log, m, binds.NoEvents())
+    uvicorn.run(apps.create_app(deps), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def _pod(k: int) -> dict[str, Any]:
+    """A pod as kube-scheduler sends it (managedFields stripped), about 1.5 KB of JSON."""
+    return {
+        "metadata": {
+            "name": f"bench-{k}",
+            "namespace": "default",
+            "uid": f"5f3c9d1e-0000-4000-8000-{k:012d}",
+            "resourceVersion": str(100000 + k),
+            "creationTimestamp": "2026-11-30T01:00:00Z",
+            "labels": {"app": "train", "team": "ml"},
+            "annotations": {"example.com/owner": "bench"},
+        },
+        "spec": {
+            "schedulerName": "gpuslice-scheduler",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+                    "command": ["python", "train.py"],
+                    "resources": {
+                        "limits": {
+                            "nvidia.com/gpu": "1",
+                            "nvidia.com/gpumem": "8000",
+                            "nvidia.com/gpucores": "30",
+                        },
+                        "requests": {"cpu": "4", "memory": "16Gi"},
+                    },
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "restartPolicy": "Never",
+            "priority": 0,
+        },
+        "status": {"phase": "Pending", "qosClass": "Burstable"},
+    }
+
+
+def _rss_mb(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def latency(reps: int, pods: int, seed: int) -> dict[str, Any]:
+    """(a) and (c): start the server, time filter + prioritize, read its RSS."""
+    import httpx
+
+    from gpuslice.devcluster import devcluster
+
+    port = devcluster.free_port()
+    server = subprocess.Popen(  # noqa: S603 - this script
+        [sys.executable, __file__, "_serve", "--port", str(port), "--pods", str(pods), "--seed", str(seed)],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        t0 = time.perf_counter()
+        while devcluster.http_status(url + "/healthz") != 200:
+            if server.poll() is not None:
+                raise RuntimeError("benchmark server exited")
+            time.sleep(0.2)
+        startup_s = time.perf_counter() - t0
+        rng = np.random.default_rng(seed + 1)
+        all_names = [f"node-{n:05d}" for n in range(NODES)]
+        batches = [[all_names[j] for j in rng.choice(NODES, CANDIDATES, replace=False)] for _ in range(16)]
+        filt: list[float] = []
+        prio: list[float] = []
+        pair: list[float] = []
+        feasible: list[int] = []
+        body_bytes = 0
+        with httpx.Client(base_url=url, timeout=10.0) as client:
+            for k in range(reps + 50):
+                args = {"Pod": _pod(k), "Nodes": None, "NodeNames": batches[k % len(batches)]}
+                body = json.dumps(args).encode()
+                body_bytes = len(body)
+                t0 = time.perf_counter()
+                r = client.post("/filter", content=body, headers={"Content-Type": "application/json"})
+                t1 = time.perf_counter()
+                ok = r.json()["NodeNames"]
+                pbody = json.dumps({"Pod": args["Pod"], "Nodes": None, "NodeNames": ok}).encode()
+                t2 = time.perf_counter()
+                r2 = client.post("/prioritize", content=pbody, headers={"Content-Type": "application/json"})
+                t3 = time.perf_counter()
+                assert r.status_code == 200 and r2.status_code == 200
+                if k >= 50:  # warm-up excluded
+                    filt.append((t1 - t0) * 1e3)
+                    prio.append((t3 - t2) * 1e3)
+                    pair.append((t1 - t0 + t3 - t2) * 1e3)
+                    feasible.append(len(ok))
+        rss = _rss_mb(server.pid)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(10)
+
+    def stats(xs: list[float]) -> dict[str, float]:
+        a = np.array(xs)
+        return {
+            "p50_ms": round(float(np.percentile(a, 50)), 3),
+            "p90_ms": round(float(np.percentile(a, 90)), 3),
+            "p99_ms": round(float(np.percentile(a, 99)), 3),
+            "mean_ms": round(float(a.mean()), 3),
+        }
+
+    return {
+        "cluster": {"nodes": NODES, "gpus_per_node": GPUS, "pods_in_cache": pods, "candidates": CANDIDATES},
+        "reps": reps,
+        "filter_request_bytes": body_bytes,
+        "mean_feasible_nodes": float(np.mean(feasible)),
+        "filter": stats(filt),
+        "prioritize": stats(prio),
+        "filter_plus_prioritize": stats(pair),
+        "targets": {"pair_p50_ms": 1.0, "pair_p99_ms": 3.0, "rss_mb": 300},
+        "server_startup_s": round(startup_s, 2),
+        "server_rss_mb": round(rss, 1),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+    }
+
+
+# ----------------------------------------------------------------------------- (b) throughput
+
+
+async def _create_pods(kube: Any, ns: str, n: int, scheduler: str) -> None:
+    sem = asyncio.Semaphore(16)
+
+    async def one(k: int) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"tp-{k:05d}", "namespace": ns},
+            "spec": {
+                "schedulerName": scheduler,
+                "containers": [
+                    {"name": "c", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                ],
+            },
+        }
+        async with sem:
+            await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body=body)
+
+    await asyncio.gather(*(one(k) for k in range(n)))
+
+
+async def _measure(
+    cp: Any, kubeconfig: pathlib.Path, ns: str, n: int, scheduler: str, config_yaml: str
+) -> dict[str, Any]:
+    """Create n pods with no scheduler running, start it, time the binds from a pod watch."""
+    from gpuslice.kube import client as kclient
+    from gpuslice.kube import informer, kinds
+
+    kube = kclient.KubeClient.from_kubeconfig(kubeconfig, qps=1000, burst=1000)
+    bound: dict[str, float] = {}
+
+    def on_pod(event: Any) -> None:
+        pod = event.obj
+        if pod is not None and pod.metadata.namespace == ns and pod.spec.node_name:
+            bound.setdefault(pod.metadata.name, time.perf_counter())
+
+    inf = informer.Informer(kube, kinds.PODS.in_namespace(ns), on_pod, resync_s=0)
+    watch = asyncio.create_task(inf.run())
+    try:
+        await _create_pods(kube, ns, n, scheduler)
+        t_start = time.perf_counter()
+        await asyncio.to_thread(cp.start_scheduler, config_yaml)
+        deadline = time.perf_counter() + 600
+        while len(bound) < n and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+        times = sorted(bound.values())
+    finally:
+        await asyncio.to_thread(cp.stop_scheduler)
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        await kube.aclose()
+    if len(times) < 2:
+        return {"pods": n, "bound": len(times), "pods_per_s": 0.0}
+    span = times[-1] - times[0]
+    return {
+        "pods": n,
+        "bound": len(times),
+        "first_bind_after_start_s": round(times[0] - t_start, 3),
+        "bind_span_s": round(span, 3),
+        "pods_per_s": round((len(times) - 1) / span, 1) if span > 0 else float("inf"),
+    }
+
+
+def throughput(pods: int, nodes: int) -> dict[str, Any]:
+    """(b): the same pods on the same nodes, kube-scheduler alone vs with gpuslice."""
+    import yaml
+
+    from gpuslice.devcluster import devcluster
+    from gpuslice.devcluster.controlplane import ControlPlane
+
+    cp = ControlPlane()
+    cp.start()
+    sim = ext = None
+    try:
+        specs = {f"tp-node-{i:03d}": {"count": 8, "numa_nodes": 2} for i in range(nodes)}
+        sim = devcluster.NodeSimThread(cp.kubeconfig, specs).start()
+        ext = devcluster.Extender(cp.kubeconfig, cp.workdir / "gpuslice.log", extra_args=["-v", "0"]).start()
+        with_ext = devcluster.render_scheduler_config(ext.url, cp.kubeconfig, "gpuslice-scheduler")
+        plain = yaml.safe_load(with_ext)
+        plain.pop("extenders")
+        plain["profiles"] = [{"schedulerName": "plain-scheduler"}]
+        plain_yaml = yaml.safe_dump(plain)
+        results: dict[str, Any] = {"nodes": nodes, "gpus_per_node": 8, "pods": pods}
+        for label, ns, sched, conf in (
+            ("kube_scheduler_alone", "tp-plain", "plain-scheduler", plain_yaml),
+            ("kube_scheduler_with_gpuslice", "tp-gpuslice", "gpuslice-scheduler", with_ext),
+        ):
+            status, body = cp.api_request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+            assert status == 201, body
+            results[label] = asyncio.run(_measure(cp, cp.kubeconfig, ns, pods, sched, conf))
+            status, _ = cp.api_request("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+            time.sleep(2.0)  # let gpuslice's informer see the deletions before the next run
+        a = results["kube_scheduler_alone"]["pods_per_s"]
+        b = results["kube_scheduler_with_gpuslice"]["pods_per_s"]
+        results["ratio_with_over_alone"] = round(b / a, 3) if a else None
+        results["target_ratio"] = 0.6
+        results["gpuslice_log_tail"] = ext.tail(5)
+        return results
+    finally:
+        if ext is not None:
+            ext.stop()
+        if sim is not None:
+            sim.stop()
+        cp.stop()
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["latency", "throughput", "all", "_serve"])
+    ap.add_argument("--reps", type=int, default=500)
+    ap.add_argument(
+        "--pods", type=int, default=None, help="latency: pods in the cache (50000); throughput: pods (200)"
+    )
+    ap.add_argument("--nodes", type=int, default=25, help="throughput: fake nodes of 8 GPUs")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--port", type=int, default=0)
+    args = ap.parse_args()
+    if args.what == "_serve":
+        serve_memory(args.port, args.pods if args.pods is not None else 50_000, args.seed)
+        return
+    OUT.mkdir(exist_ok=True)
+    if args.what in ("latency", "all"):
+        res = latency(
+            args.reps, args.pods if args.pods is not None and args.what == "latency" else 50_000, args.seed
+        )
+        (OUT / "bench_extender_latency.json").write_text(json.dumps(res, indent=2) + "\n")
+        print(json.dumps(res, indent=2))
+    if args.what in ("throughput", "all"):
+        n = args.pods if args.pods is not None and args.what == "throughput" else 200
+        res = throughput(n, args.nodes)
+        (OUT / "bench_extender_throughput.json").write_text(json.dumps(res, indent=2) + "\n")
+        print(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
