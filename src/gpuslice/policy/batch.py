@@ -14,6 +14,7 @@ spread), and computed per feasible node otherwise.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -44,6 +45,18 @@ _KIND_REASON = {
     _K_COUNT: status.INSUFFICIENT_GPU_COUNT,
 }
 _BITS = 7  # bits per reason count in the packed outcome key (cards per node < 128)
+_I32 = 2**31 - 1
+_RESOLVABLE_BIT = _BITS * len(_CARD_REASONS) + 4
+_UNKNOWN = -1  # key of a name the columns do not hold
+# Card codes in the failure path: 0 eligible, 1 absent (not counted), then _CARD_REASONS in order.
+_ABSENT, _FIRST_REASON = 1, 2
+_EXCLUSIVE, _MEMORY, _CORES = 5, 6, 7
+_NCODES = 8
+_SHIFTS = np.arange(len(_CARD_REASONS), dtype=np.int64) * _BITS
+assert columns.HELD - columns.BLOCKED + _ABSENT == _EXCLUSIVE
+_NCARDS, _CPU_TOTAL, _CPU_USED, _HMEM_TOTAL, _HMEM_USED = (
+    columns.ROW_FIELDS.index(f) for f in ("ncards", "cpu_total", "cpu_used", "hmem_total", "hmem_used")
+)
 
 
 @runtime_checkable
@@ -117,21 +130,20 @@ def evaluate(
     if req is not None and cols is not None:
         rows = cols.rows(names)
         known = rows >= 0
-        feasible, keys, resolvable = _fast(cols, np.where(known, rows, 0), pod, req)
+        feasible, keys = _fast(cols, np.where(known, rows, 0), pod, req)
         feasible &= known
-        cache: dict[tuple[int, bool], tuple[status.Status, fit.CardReasons]] = {}
-        for i in np.flatnonzero(~feasible):
-            if not known[i]:
-                failures[names[i]] = _UNREGISTERED
-                continue
-            k = (int(keys[i]), bool(resolvable[i]))
-            got = cache.get(k)
-            if got is None:
-                got = cache[k] = _decode(*k)
-            failures[names[i]] = got
+        keys[~known] = _UNKNOWN
+        bad = np.flatnonzero(~feasible)
+        if len(bad):
+            uniq, inverse = np.unique(keys[bad], return_inverse=True)
+            decoded = [_UNREGISTERED if u == _UNKNOWN else _decode(u) for u in uniq.tolist()]
+            failures = dict(
+                zip([names[i] for i in bad.tolist()], [decoded[j] for j in inverse.tolist()], strict=True)
+            )
         ok_idx = np.flatnonzero(feasible)
-        if isinstance(node_policy, ColumnScorer):
-            scores[ok_idx] = node_policy.score_columns(cols, rows[ok_idx], pod)
+        score_columns = getattr(node_policy, "score_columns", None)  # ColumnScorer (isinstance is slow)
+        if score_columns is not None:
+            scores[ok_idx] = score_columns(cols, rows[ok_idx], pod)
         else:
             for i in ok_idx:
                 s = node_policy.score_node(states[names[i]], pod, ctx)
@@ -158,64 +170,67 @@ _UNREGISTERED = (status.Status(status.Code.UNRESOLVABLE, (status.NODE_UNREGISTER
 
 def _fast(
     cols: columns.NodeColumns, rows: IntArray, pod: requests.PodRequest, req: requests.ContainerRequest
-) -> tuple[np.ndarray, IntArray, np.ndarray]:
-    """Feasibility, packed outcome keys and 'fits the emptied node' for the rows."""
-    total_mem = cols.total_mem[rows]
-    used_mem = cols.used_mem[rows]
-    total_cores = cols.total_cores[rows]
-    used_cores = cols.used_cores[rows]
-    split = cols.split[rows]
-    used_slots = cols.used_slots[rows]
-    state = cols.card_state[rows]
+) -> tuple[np.ndarray, IntArray]:
+    """Feasibility for the rows, and for infeasible rows a packed outcome key (see ``_decode``)."""
+    hot = cols.hot[rows]
+    node = cols.nodes[rows]
+    flag, free_mem, free_cores = hot[:, :, 0], hot[:, :, 1], hot[:, :, 2]
     if req.memory_mib > 0 or req.memory_percentage == requests.MEMORY_PERCENTAGE_UNSET:
-        mem: IntArray | int = req.memory_mib
+        mem: np.ndarray | int = min(req.memory_mib, _I32)
     else:
-        mem = total_mem * req.memory_percentage // 100
+        mem = hot[:, :, 3].astype(np.int64) * req.memory_percentage // 100
     cores = req.cores_clamped
-    in_use = used_slots > 0
-    if req.exclusive:
-        conflict = in_use
-    else:
-        conflict = in_use & (total_cores > 0) & (used_cores >= total_cores)
-    code = np.select(
-        [
-            state == columns.CARD_ABSENT,
-            state == columns.CARD_UNHEALTHY,
-            state == columns.CARD_CORDONED,
-            used_slots >= split,
-            conflict,
-            total_mem - used_mem < mem,
-            total_cores - used_cores < cores,
-        ],
-        [-1, 1, 2, 3, 4, 5, 6],
-        0,
-    )
-    eligible = (code == 0).sum(axis=1)
-    ncards = cols.ncards[rows]
+    ok = (flag == columns.FREE) if req.exclusive else (flag < columns.BLOCKED)
+    ok &= (free_mem >= mem) & (free_cores >= cores)
+    eligible = ok.sum(axis=1)
+    ncards = node[:, _NCARDS]
+    cpu_total = node[:, _CPU_TOTAL]
+    hmem_total = node[:, _HMEM_TOTAL]
     kind = np.full(len(rows), _K_CARDS, np.int64)
     kind[ncards < req.count] = _K_COUNT
     kind[ncards == 0] = _K_UNREG
-    cpu_total = cols.cpu_total[rows]
-    hmem_total = cols.hmem_total[rows]
-    kind[(hmem_total > 0) & (pod.memory_mib > hmem_total - cols.hmem_used[rows])] = _K_HMEM
-    kind[(cpu_total > 0) & (pod.cpu_milli > cpu_total - cols.cpu_used[rows])] = _K_CPU
+    if pod.memory_mib > 0:
+        kind[(hmem_total > 0) & (pod.memory_mib > hmem_total - node[:, _HMEM_USED])] = _K_HMEM
+    if pod.cpu_milli > 0:
+        kind[(cpu_total > 0) & (pod.cpu_milli > cpu_total - node[:, _CPU_USED])] = _K_CPU
     feasible = (kind == _K_CARDS) & (eligible >= req.count)
-    keys = kind << (_BITS * len(_CARD_REASONS))
-    for j in range(len(_CARD_REASONS)):
-        keys |= (code == j + 1).sum(axis=1) << (_BITS * j)
-    empty_ok = (state == columns.CARD_OK) & (split > 0) & (total_mem >= mem) & (total_cores >= cores)
+    keys = np.zeros(len(rows), np.int64)
+    bad = np.flatnonzero(~feasible)
+    if len(bad) == 0:
+        return feasible, keys
+    # Per-card reason codes of the infeasible rows, in ``cards`` order (0 = eligible).
+    h = hot[bad]
+    bflag = h[:, :, 0]
+    bmem = mem[bad] if isinstance(mem, np.ndarray) else mem
+    code = np.where(bflag >= columns.BLOCKED, bflag - (columns.BLOCKED - _ABSENT), 0)
+    if req.exclusive:
+        code[(code == 0) & (bflag == columns.SHARED)] = _EXCLUSIVE
+    code[(code == 0) & (h[:, :, 1] < bmem)] = _MEMORY
+    code[(code == 0) & (h[:, :, 2] < cores)] = _CORES
+    nb, k = code.shape
+    counts = np.bincount((code + np.arange(nb)[:, None] * _NCODES).ravel(), minlength=nb * _NCODES)
+    counts = counts.reshape(nb, _NCODES)[:, _FIRST_REASON:]
+    key = (counts << _SHIFTS).sum(axis=1) | (kind[bad] << (_BITS * len(_CARD_REASONS)))
+    idle_ok = (h[:, :, 5] == 1) & (h[:, :, 3] >= bmem) & (h[:, :, 4] >= cores)
+    ct, ht = cpu_total[bad], hmem_total[bad]
     resolvable = (
-        (empty_ok.sum(axis=1) >= req.count)
-        & ((cpu_total <= 0) | (pod.cpu_milli <= cpu_total))
-        & ((hmem_total <= 0) | (pod.memory_mib <= hmem_total))
+        (idle_ok.sum(axis=1) >= req.count)
+        & ((ct <= 0) | (pod.cpu_milli <= ct))
+        & ((ht <= 0) | (pod.memory_mib <= ht))
     )
-    return feasible, keys, resolvable
+    keys[bad] = key | (resolvable.astype(np.int64) << _RESOLVABLE_BIT)
+    return feasible, keys
 
 
-def _decode(key: int, resolvable: bool) -> tuple[status.Status, fit.CardReasons]:
-    """The status and card reasons a packed outcome key stands for (as ``fit.place`` builds them)."""
-    code = status.Code.UNSCHEDULABLE if resolvable else status.Code.UNRESOLVABLE
-    kind = key >> (_BITS * len(_CARD_REASONS))
+@functools.lru_cache(maxsize=4096)
+def _decode(key: int) -> tuple[status.Status, fit.CardReasons]:
+    """The status and card reasons a packed outcome key stands for (as ``fit.place`` builds them).
+
+    Bits: 7 per card reason count (``_CARD_REASONS`` order), then the node-level kind, then the
+    'fits the emptied node' bit that makes the code UNSCHEDULABLE rather than UNRESOLVABLE.
+    """
+    code = status.Code.UNSCHEDULABLE if key >> _RESOLVABLE_BIT & 1 else status.Code.UNRESOLVABLE
+    kind = key >> (_BITS * len(_CARD_REASONS)) & 0xF
     if kind != _K_CARDS:
         return status.Status(code, (_KIND_REASON[kind],)), ()
     mask = (1 << _BITS) - 1
@@ -234,6 +249,14 @@ def choose(
     quota: quotas.QuotaView | None = None,
 ) -> fit.Placement | None:
     """The placement on the best feasible node whose cards the card policy accepts, or None."""
+    if not evaluation.feasible.any():
+        return None
+    key = np.where(evaluation.feasible, evaluation.scores, -1)
+    best = np.flatnonzero(key == key.max())
+    if len(best) == 1 or not evaluation.tiebreaks[best].any():
+        p = fit.place(states[evaluation.names[best[0]]], pod, card_policy, ctx, quota)
+        if p.status.ok:
+            return p
     for name in evaluation.ranked():
         p = fit.place(states[name], pod, card_policy, ctx, quota)
         if p.status.ok:

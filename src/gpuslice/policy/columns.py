@@ -1,13 +1,24 @@
 """Packed per-card arrays for many nodes, so the filter can judge hundreds of nodes in one numpy pass.
 
-Row r holds one node; column k its card k (``k < ncards[r]``). Padding cards have zero capacity
-and are not usable. ``ColumnsBuilder`` is the mutable side (the cache updates rows as nodes
-change); ``freeze`` hands out an immutable ``NodeColumns`` (read-only arrays) for a snapshot.
+Row r holds one node; column k its card k (``k < ncards[r]``); padding cards are ``CARD_ABSENT``.
+Three arrays, laid out for one gather per request:
+
+* ``cards`` (rows, K, ``len(CARD_FIELDS)``) int64: every per-card number (capacities, usage, state).
+* ``hot`` (rows, K, ``len(HOT_FIELDS)``) int32: what the vectorised filter reads. ``flag`` is
+  ``FREE`` (usable, idle), ``SHARED`` (usable, in use) or, for a card no request can take, the
+  first reason in ``cards`` order: ``ABSENT``, ``UNHEALTHY``, ``CORDONED``, ``SLOTS_FULL``,
+  ``HELD`` (held exclusively); then free memory, free cores, total memory, total cores, and
+  ``idle_ok`` (1 when the card would be usable with no usage: healthy, uncordoned, split > 0).
+* ``nodes`` (rows, ``len(ROW_FIELDS)``) int64: per-node sums and host resources.
+
+``ColumnsBuilder`` is the mutable side (the cache rewrites rows as nodes change); ``freeze`` hands
+out an immutable ``NodeColumns`` with read-only copies.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 from collections.abc import Mapping
 
@@ -15,48 +26,60 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuslice.model import nodes
+from gpuslice.policy import cards as card_checks
 
 IntArray = npt.NDArray[np.int64]
+Int32Array = npt.NDArray[np.int32]
 
-_CARD_FIELDS = ("total_mem", "used_mem", "total_cores", "used_cores", "split", "used_slots", "card_state")
-CARD_OK = 0
-CARD_UNHEALTHY = 1
-CARD_CORDONED = 2
-CARD_ABSENT = 3
-_ROW_FIELDS = ("ncards", "first_mem", "cpu_total", "cpu_used", "hmem_total", "hmem_used")
+CARD_OK, CARD_UNHEALTHY, CARD_CORDONED, CARD_ABSENT = 0, 1, 2, 3
+CARD_FIELDS = ("total_mem", "used_mem", "total_cores", "used_cores", "split", "used_slots", "card_state")
+ROW_FIELDS = (
+    "ncards",
+    "first_mem",
+    "sum_total_mem",
+    "sum_used_mem",
+    "sum_total_cores",
+    "sum_used_cores",
+    "cpu_total",
+    "cpu_used",
+    "hmem_total",
+    "hmem_used",
+)
+FREE, SHARED = 0, 1
+ABSENT, UNHEALTHY, CORDONED, SLOTS_FULL, HELD = 10, 11, 12, 13, 14
+BLOCKED = ABSENT  # flags >= BLOCKED: no request can take the card
+HOT_FIELDS = ("flag", "free_mem", "free_cores", "total_mem", "total_cores", "idle_ok")
+_C = {f: k for k, f in enumerate(CARD_FIELDS)}
+_R = {f: k for k, f in enumerate(ROW_FIELDS)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeColumns:
-    """Read-only packed view of many nodes (see the module docstring).
-
-    Attributes:
-        row_of: node name -> row.
-        total_mem, used_mem, total_cores, used_cores, split, used_slots: (rows, K) card arrays.
-        card_state: (rows, K) ``CARD_OK``, ``CARD_UNHEALTHY``, ``CARD_CORDONED`` or ``CARD_ABSENT``.
-        ncards, first_mem, cpu_total, cpu_used, hmem_total, hmem_used: (rows,) node arrays
-            (``first_mem`` is card 0's memory, used for percentage requests in node scores).
-    """
+    """Read-only packed view of many nodes (see the module docstring)."""
 
     row_of: Mapping[str, int]
-    total_mem: IntArray
-    used_mem: IntArray
-    total_cores: IntArray
-    used_cores: IntArray
-    split: IntArray
-    used_slots: IntArray
-    card_state: IntArray
-    ncards: IntArray
-    first_mem: IntArray
-    cpu_total: IntArray
-    cpu_used: IntArray
-    hmem_total: IntArray
-    hmem_used: IntArray
+    cards: IntArray
+    hot: Int32Array
+    nodes: IntArray
+    _rows: dict[str, int] = dataclasses.field(repr=False, compare=False)
+
+    def card(self, field: str) -> IntArray:
+        """One per-card field as a (rows, K) view, e.g. ``card("used_mem")``."""
+        return self.cards[:, :, _C[field]]
+
+    def node(self, field: str) -> IntArray:
+        """One per-node field as a (rows,) view, e.g. ``node("ncards")``."""
+        return self.nodes[:, _R[field]]
 
     def rows(self, names: list[str] | tuple[str, ...]) -> IntArray:
         """Rows of the named nodes; -1 for a name not in the view."""
-        get = self.row_of.get
-        return np.fromiter((get(n, -1) for n in names), dtype=np.int64, count=len(names))
+        if len(names) > 1:
+            try:
+                return np.array(operator.itemgetter(*names)(self._rows), dtype=np.int64)
+            except KeyError:
+                pass
+        get = self._rows.get
+        return np.array([get(n, -1) for n in names], dtype=np.int64)
 
 
 class ColumnsBuilder:
@@ -66,22 +89,23 @@ class ColumnsBuilder:
         """Start with room for ``rows`` nodes of up to ``cards`` cards (both grow on demand)."""
         self._row_of: dict[str, int] = {}
         self._free: list[int] = []
-        self._cap = rows
-        self._k = cards
-        self._a: dict[str, IntArray] = {f: np.zeros((rows, cards), np.int64) for f in _CARD_FIELDS}
-        self._a["card_state"][:] = CARD_ABSENT
-        self._r: dict[str, IntArray] = {f: np.zeros(rows, np.int64) for f in _ROW_FIELDS}
+        self._cards = np.zeros((rows, cards, len(CARD_FIELDS)), np.int64)
+        self._cards[:, :, _C["card_state"]] = CARD_ABSENT
+        self._hot = np.zeros((rows, cards, len(HOT_FIELDS)), np.int32)
+        self._hot[:, :, 0] = ABSENT
+        self._nodes = np.zeros((rows, len(ROW_FIELDS)), np.int64)
 
-    def _grow(self, rows: int, cards: int) -> None:
-        def resize(a: IntArray, fill: int = 0) -> IntArray:
-            shape = (rows, cards) if a.ndim == 2 else (rows,)
-            out = np.full(shape, fill, a.dtype)
-            out[tuple(slice(0, s) for s in a.shape)] = a
-            return out
-
-        self._a = {f: resize(a, CARD_ABSENT if f == "card_state" else 0) for f, a in self._a.items()}
-        self._r = {f: resize(a) for f, a in self._r.items()}
-        self._cap, self._k = rows, cards
+    def _grow(self, rows: int, k: int) -> None:
+        old_rows, old_k = self._cards.shape[:2]
+        c = np.zeros((rows, k, len(CARD_FIELDS)), np.int64)
+        c[:, :, _C["card_state"]] = CARD_ABSENT
+        c[:old_rows, :old_k] = self._cards
+        h = np.zeros((rows, k, len(HOT_FIELDS)), np.int32)
+        h[:, :, 0] = ABSENT
+        h[:old_rows, :old_k] = self._hot
+        n = np.zeros((rows, len(ROW_FIELDS)), np.int64)
+        n[:old_rows] = self._nodes
+        self._cards, self._hot, self._nodes = c, h, n
 
     def set(self, state: nodes.NodeState) -> None:
         """Write (or overwrite) the node's row."""
@@ -91,58 +115,72 @@ class ColumnsBuilder:
             row = self._free.pop() if self._free else len(self._row_of)
             self._row_of[name] = row
         devs = state.inventory.devices
-        if row >= self._cap or len(devs) > self._k:
-            self._grow(
-                max(self._cap, (row + 1) * 2 if row >= self._cap else self._cap), max(self._k, len(devs))
-            )
-        a = self._a
-        for f in _CARD_FIELDS:
-            a[f][row, :] = 0
-        a["card_state"][row, :] = CARD_ABSENT
+        cap, k = self._cards.shape[:2]
+        if row >= cap or len(devs) > k:
+            self._grow(max(cap, 2 * (row + 1)), max(k, len(devs)))
+        self._clear(row)
         cordoned = state.inventory.cordoned
-        for k, (d, u) in enumerate(zip(devs, state.usage, strict=True)):
-            a["total_mem"][row, k] = d.memory_mib
-            a["used_mem"][row, k] = u.memory_mib
-            a["total_cores"][row, k] = d.cores
-            a["used_cores"][row, k] = u.cores
-            a["split"][row, k] = d.split_count
-            a["used_slots"][row, k] = u.slots
-            a["card_state"][row, k] = (
-                CARD_UNHEALTHY if not d.health else CARD_CORDONED if d.uuid in cordoned else CARD_OK
+        crow = self._cards[row]
+        hrow = self._hot[row]
+        for i, (d, u) in enumerate(zip(devs, state.usage, strict=True)):
+            st = CARD_UNHEALTHY if not d.health else CARD_CORDONED if d.uuid in cordoned else CARD_OK
+            crow[i] = (d.memory_mib, u.memory_mib, d.cores, u.cores, d.split_count, u.slots, st)
+            if st == CARD_UNHEALTHY:
+                flag = UNHEALTHY
+            elif st == CARD_CORDONED:
+                flag = CORDONED
+            elif u.slots >= d.split_count:
+                flag = SLOTS_FULL
+            elif card_checks.held_exclusively(d, u):
+                flag = HELD
+            else:
+                flag = SHARED if u.slots > 0 else FREE
+            hrow[i] = (
+                flag,
+                _clip32(d.memory_mib - u.memory_mib),
+                _clip32(d.cores - u.cores),
+                _clip32(d.memory_mib),
+                _clip32(d.cores),
+                int(st == CARD_OK and d.split_count > 0),
             )
-        r = self._r
-        r["ncards"][row] = len(devs)
-        r["first_mem"][row] = devs[0].memory_mib if devs else 0
-        r["cpu_total"][row] = state.inventory.cpu_milli
-        r["cpu_used"][row] = state.cpu_used_milli
-        r["hmem_total"][row] = state.inventory.memory_mib
-        r["hmem_used"][row] = state.memory_used_mib
+        self._nodes[row] = (
+            len(devs),
+            devs[0].memory_mib if devs else 0,
+            sum(d.memory_mib for d in devs),
+            sum(u.memory_mib for u in state.usage),
+            sum(d.cores for d in devs),
+            sum(u.cores for u in state.usage),
+            state.inventory.cpu_milli,
+            state.cpu_used_milli,
+            state.inventory.memory_mib,
+            state.memory_used_mib,
+        )
+
+    def _clear(self, row: int) -> None:
+        self._cards[row] = 0
+        self._cards[row, :, _C["card_state"]] = CARD_ABSENT
+        self._hot[row] = 0
+        self._hot[row, :, 0] = ABSENT
+        self._nodes[row] = 0
 
     def remove(self, name: str) -> None:
         """Drop the node's row (it becomes free for reuse)."""
         row = self._row_of.pop(name, None)
-        if row is None:
-            return
-        for a in self._a.values():
-            a[row, :] = 0
-        self._a["card_state"][row, :] = CARD_ABSENT
-        for r in self._r.values():
-            r[row] = 0
-        self._free.append(row)
+        if row is not None:
+            self._clear(row)
+            self._free.append(row)
 
     def freeze(self) -> NodeColumns:
         """An immutable copy of the current arrays."""
+        c, h, n = self._cards.copy(), self._hot.copy(), self._nodes.copy()
+        for a in (c, h, n):
+            a.flags.writeable = False
+        rows = dict(self._row_of)
+        return NodeColumns(row_of=types.MappingProxyType(rows), cards=c, hot=h, nodes=n, _rows=rows)
 
-        def ro(a: IntArray) -> IntArray:
-            c = a.copy()
-            c.flags.writeable = False
-            return c
 
-        return NodeColumns(
-            row_of=types.MappingProxyType(dict(self._row_of)),
-            **{f: ro(a) for f, a in self._a.items()},
-            **{f: ro(a) for f, a in self._r.items()},
-        )
+def _clip32(v: int) -> int:
+    return max(-(2**31), min(2**31 - 1, v))
 
 
 def build(states: Mapping[str, nodes.NodeState] | list[nodes.NodeState]) -> NodeColumns:

@@ -21,6 +21,10 @@ import numpy as np
 from gpuslice.model import nodes, requests
 from gpuslice.policy import columns, fit, registry
 
+_NCARDS, _FIRST_MEM, _SUM_TOTAL_MEM, _SUM_USED_MEM, _SUM_TOTAL_CORES, _SUM_USED_CORES = (
+    columns.ROW_FIELDS.index(f)
+    for f in ("ncards", "first_mem", "sum_total_mem", "sum_used_mem", "sum_total_cores", "sum_used_cores")
+)
 DEFAULT_MEMORY_WEIGHT = 0.6
 DEFAULT_CORES_WEIGHT = 0.4
 
@@ -82,15 +86,14 @@ def node_usage_scores(
     cols: columns.NodeColumns, rows: columns.IntArray, pod: requests.PodRequest, wm: float, wc: float
 ) -> columns.IntArray:
     """``node_usage_score`` for many rows at once (same float operations, same results)."""
-    tm = cols.total_mem[rows].sum(axis=1)
-    um = cols.used_mem[rows].sum(axis=1)
-    tc = cols.total_cores[rows].sum(axis=1)
-    uc = cols.used_cores[rows].sum(axis=1)
+    node = cols.nodes[rows]
+    tm, um = node[:, _SUM_TOTAL_MEM], node[:, _SUM_USED_MEM]
+    tc, uc = node[:, _SUM_TOTAL_CORES], node[:, _SUM_USED_CORES]
     if any(
         c is not None and c.memory_mib <= 0 and c.memory_percentage != requests.MEMORY_PERCENTAGE_UNSET
         for c in pod.containers
     ):
-        uniq, inverse = np.unique(cols.first_mem[rows], return_inverse=True)
+        uniq, inverse = np.unique(node[:, _FIRST_MEM], return_inverse=True)
         per = np.array([fit.demand(pod, int(m)) for m in uniq], np.int64).reshape(-1, 2)
         dm, dc = per[inverse, 0], per[inverse, 1]
     else:
@@ -101,5 +104,5 @@ def node_usage_scores(
         r_cores = np.where(tc > 0, np.minimum(1.0, (uc + dc) / np.where(tc > 0, tc, 1)), 0.0)
     u = wm * r_mem + wc * r_cores
     out = np.minimum(registry.MAX_SCORE, np.floor(registry.MAX_SCORE * u + 0.5)).astype(np.int64)
-    out[cols.ncards[rows] == 0] = 0
+    out[node[:, _NCARDS] == 0] = 0
     return out

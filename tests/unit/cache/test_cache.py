@@ -163,12 +163,12 @@ def test_snapshot_rebuilds_only_changed_nodes_and_is_immutable() -> None:
     assert s2.nodes["n"] is not s1.nodes["n"]
     assert s1.nodes["n"].usage[0].memory_mib == 0  # the old snapshot is untouched
     assert s2.nodes["n"].usage[0].memory_mib == 1000
-    assert s2.columns.used_mem[s2.columns.row_of["n"], 0] == 1000
-    assert s1.columns.used_mem[s1.columns.row_of["n"], 0] == 0
+    assert s2.columns.card("used_mem")[s2.columns.row_of["n"], 0] == 1000
+    assert s1.columns.card("used_mem")[s1.columns.row_of["n"], 0] == 0
     with pytest.raises(TypeError):
         s2.nodes["x"] = s2.nodes["n"]  # type: ignore[index]
     with pytest.raises(ValueError):
-        s2.columns.used_mem[0, 0] = 5
+        s2.columns.card("used_mem")[0, 0] = 5
     assert c.node_generation("m") is not None
     assert c.node_generation("n") > c.node_generation("m")  # type: ignore[operator]
 

@@ -83,16 +83,16 @@ def test_columns_builder_reuses_rows_and_grows() -> None:
     b.set(node("a").gpus(1).state())
     b.set(node("b").gpus(3).state())
     frozen = b.freeze()
-    assert frozen.ncards[frozen.row_of["b"]] == 3
+    assert frozen.node("ncards")[frozen.row_of["b"]] == 3
     b.remove("a")
     b.set(node("c").gpus(2).state())
     after = b.freeze()
     assert after.row_of["c"] == frozen.row_of["a"]
-    assert list(after.card_state[after.row_of["c"]]) == [
+    assert list(after.card("card_state")[after.row_of["c"]]) == [
         columns.CARD_OK,
         columns.CARD_OK,
         columns.CARD_ABSENT,
     ]
-    assert frozen.ncards[frozen.row_of["a"]] == 1  # the old view is unchanged
+    assert frozen.node("ncards")[frozen.row_of["a"]] == 1  # the old view is unchanged
     with pytest.raises(ValueError):
-        after.used_mem[0, 0] = 1
+        after.card("used_mem")[0, 0] = 1
