@@ -153,6 +153,19 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _server_side(text: str) -> dict[str, float]:
+    """Mean handler time per verb from the server's own latency histogram (decode to encode)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        for suffix, into in (("_sum", sums), ("_count", counts)):
+            prefix = f'gpuslice_extender_request_duration_seconds{suffix}{{verb="'
+            if line.startswith(prefix):
+                verb = line[len(prefix) :].split('"', 1)[0]
+                into[verb] = float(line.rsplit(" ", 1)[1])
+    return {v: round(sums[v] / counts[v] * 1e3, 3) for v in sums if counts.get(v)}
+
+
 def latency(reps: int, pods: int, seed: int) -> dict[str, Any]:
     """(a) and (c): start the server, time filter + prioritize, read its RSS."""
     import httpx
@@ -199,6 +212,7 @@ def latency(reps: int, pods: int, seed: int) -> dict[str, Any]:
                     prio.append((t3 - t2) * 1e3)
                     pair.append((t1 - t0 + t3 - t2) * 1e3)
                     feasible.append(len(ok))
+            server_side = _server_side(client.get("/metrics").text)
         rss = _rss_mb(server.pid)
     finally:
         server.send_signal(signal.SIGTERM)
@@ -222,6 +236,8 @@ def latency(reps: int, pods: int, seed: int) -> dict[str, Any]:
         "prioritize": stats(prio),
         "filter_plus_prioritize": stats(pair),
         "targets": {"pair_p50_ms": 1.0, "pair_p99_ms": 3.0, "rss_mb": 300},
+        "server_side_handler_mean_ms": server_side,
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "server_startup_s": round(startup_s, 2),
         "server_rss_mb": round(rss, 1),
         "python": sys.version.split()[0],

@@ -17,7 +17,8 @@ from tests.unit.extender import fakes
 pytestmark = pytest.mark.unit
 
 # n-free: one 80 GiB A100, idle. n-full: one card with 78000 of 81920 MiB used.
-# n-two: two idle cards. n-half: one card with 40000 MiB used. "ghost" is not in the cache; "bad" has an invalid registration.
+# n-two: two idle cards. n-half: one card with 40000 MiB used.
+# "ghost" is not in the cache; "bad" has an invalid registration.
 
 
 def _cache() -> fakes.FakeCache:
