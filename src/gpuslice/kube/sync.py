@@ -9,7 +9,10 @@
   Nodes whose GPU annotations did not change are not decoded again.
 - **Pods**: a pod carrying ``hami.io/vgpu-node`` and ``hami.io/vgpu-devices-allocated`` that is
   not terminated (Succeeded/Failed) -> ``add_pod`` (confirms an assumed pod or charges one placed
-  before a restart); otherwise, or when deleted -> ``remove_pod``.
+  before a restart); otherwise, or when deleted -> ``remove_pod``. A pod the cache holds as
+  *assumed* (a bind in flight) is left to the bind path until it has a ``spec.nodeName``: an
+  event from before the bind's annotation patch must not drop the reservation, and one from
+  before the Binding must not confirm it early.
 - **ResourceQuotas**: ``spec.hard`` -> GPU limits; several quotas in one namespace combine to the
   tightest limit of each resource -> ``set_quota``.
 
@@ -24,6 +27,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, node_inventory, pod_devices, resources
 from gpuslice.kube import client as kclient
@@ -68,6 +72,10 @@ class Sink(Protocol):
         """Set or clear a namespace's GPU limits."""
         ...
 
+    def pod_state(self, key: str) -> cluster_cache.PodState | None:
+        """Whether the cache holds the pod as assumed or added (None: not at all)."""
+        ...
+
 
 def _tightest(a: int | None, b: int | None) -> int | None:
     if a is None:
@@ -97,6 +105,8 @@ class Sync:
         recorder: where Warning events about invalid nodes go (None: no events).
         request_config: resource names and memory factor for quota parsing.
         on_invalid: metric hook, called ``(node, reason)`` when a node becomes invalid.
+        transform: applied to every decoded inventory before the cache sees it (e.g. overcommit
+            scaling of registered memory and cores).
         node_selector: label selector restricting the watched nodes.
         pod_selector: label selector restricting the watched pods (e.g. ``hami.io/vgpu-node``).
         resync_s: relist period of every informer.
@@ -110,6 +120,7 @@ class Sync:
         recorder: events.Recorder | None = None,
         request_config: model_config.RequestConfig = model_config.DEFAULT_REQUEST_CONFIG,
         on_invalid: Callable[[str, str], None] | None = None,
+        transform: Callable[[nodes.NodeInventory], nodes.NodeInventory] | None = None,
         node_selector: str | None = None,
         pod_selector: str | None = None,
         resync_s: float = informer.DEFAULT_RESYNC_S,
@@ -118,6 +129,7 @@ class Sync:
         self.recorder = recorder
         self.request_config = request_config
         self.on_invalid = on_invalid
+        self.transform = transform
         self.invalid_nodes: dict[str, str] = {}
         """Node -> why its registration was rejected."""
         self.bad_pods: dict[str, str] = {}
@@ -186,7 +198,7 @@ class Sync:
             self._invalid(node, str(exc))
             return
         self.invalid_nodes.pop(name, None)
-        self.cache.upsert_node(inventory)
+        self.cache.upsert_node(inventory if self.transform is None else self.transform(inventory))
 
     # ----- pods
 
@@ -200,6 +212,8 @@ class Sync:
             self.bad_pods.pop(key, None)
             self.cache.remove_pod(key)
             return
+        if not pod.spec.node_name and self.cache.pod_state(key) is cluster_cache.PodState.ASSUMED:
+            return  # a bind in flight: the bind path confirms (or forgets) it
         init = len(pod.spec.init_containers)
         try:
             alloc = pod_devices.allocation_from_annotations(
