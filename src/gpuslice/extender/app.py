@@ -8,6 +8,7 @@ lifespan enters the injected background services (informers, event worker) and s
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import time
@@ -208,8 +209,8 @@ def create_app(deps: Deps) -> Starlette:
                 scores = scheduling.rescore(snap, pod, names, deps.policies, log, *memo)
             deps.flow.remember_scores(pod.uid, scores)
         out = wire.priorities(scores)
-        for hp in out:
-            m.scores.observe(hp.score)
+        for value, n in collections.Counter(hp.score for hp in out).items():
+            m.scores.labels(str(value)).inc(n)
         return wire.ENCODER.encode(out)
 
     async def bind(data: bytes) -> bytes:

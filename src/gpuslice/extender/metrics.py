@@ -94,10 +94,10 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        self.scores = Histogram(
-            "gpuslice_prioritize_score",
-            "Scores returned to kube-scheduler (0..10)",
-            buckets=tuple(float(b) for b in range(11)),
+        self.scores = Counter(
+            "gpuslice_prioritize_scores_total",
+            "Scores returned to kube-scheduler, by value 0..10 (one count per node scored)",
+            ["score"],
             registry=r,
         )
         self.binds = Counter("gpuslice_bind_total", "Bind outcomes", ["outcome"], registry=r)

@@ -151,6 +151,12 @@ def to_extender_score(score: int) -> int:
     return (clamped * MAX_EXTENDER_PRIORITY * 2 + registry.MAX_SCORE) // (2 * registry.MAX_SCORE)
 
 
+_TABLE = tuple(to_extender_score(s) for s in range(registry.MAX_SCORE + 1))
+
+
 def priorities(scores: dict[str, int]) -> list[HostPriority]:
     """The ``prioritize`` answer from internal 0..100 scores, in the input order."""
-    return [HostPriority(host=name, score=to_extender_score(s)) for name, s in scores.items()]
+    table, top = _TABLE, registry.MAX_SCORE
+    return [
+        HostPriority(name, table[s] if 0 <= s <= top else to_extender_score(s)) for name, s in scores.items()
+    ]
