@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from lightkube.resources.core_v1 import Node
 
 from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
@@ -174,3 +175,19 @@ async def test_stale_resource_version_is_a_conflict(
     with pytest.raises(errors.Conflict) as caught:
         await kube.request("PATCH", locks.node_path(node_name), body=patch, content_type=kclient.MERGE_PATCH)
     assert caught.value.code == 409 and isinstance(caught.value, errors.PermanentError)
+
+
+async def test_typed_lightkube_client_shares_the_connection(
+    control_plane: ControlPlane, kube: kclient.KubeClient, node_name: str
+) -> None:
+    h.create_node(control_plane, node_name, labels={"k": "v"})
+    node = await kube.lightkube.get(Node, node_name)
+    assert node.metadata is not None and node.metadata.labels == {"k": "v"}
+
+
+async def test_rbac_denial_is_a_permanent_client_error(control_plane: ControlPlane) -> None:
+    async with kclient.KubeClient.auto(control_plane.user_kubeconfig) as user:
+        with pytest.raises(errors.ApiClientError) as caught:
+            await user.request("GET", "/api/v1/nodes")
+    assert caught.value.code == 403 and caught.value.reason == "Forbidden"
+    assert isinstance(caught.value, errors.PermanentError)
