@@ -3,3 +3,4 @@ from gpuslice.policy import binpack  # noqa: F401
 from gpuslice.policy import spread  # noqa: F401
 from gpuslice.policy import paper  # noqa: F401
 from gpuslice.policy import fragmentation  # noqa: F401
+from gpuslice.policy import topology  # noqa: F401
