@@ -196,7 +196,8 @@ def encode_legacy(cards: Iterable[devices.GpuDevice]) -> str:
     """Encode cards as the 9-field colon format, each card terminated by ``:``.
 
     Raises:
-        ValueError: a UUID, type or mode contains ``,`` or ``:`` (the format cannot carry it).
+        ValueError: a UUID, type or mode contains ``,`` or ``:`` (the format cannot carry it), or
+            the value would start with ``[`` and so read back as JSON.
     """
     parts: list[str] = []
     for d in cards:
@@ -207,4 +208,7 @@ def encode_legacy(cards: Iterable[devices.GpuDevice]) -> str:
         parts.append(
             f"{d.uuid},{d.split_count},{d.memory_mib},{d.cores},{d.type},{d.numa},{health},{d.index},{d.mode}:"
         )
-    return "".join(parts)
+    value = "".join(parts)
+    if is_json(value):
+        raise ValueError("legacy registration cannot start with '[' (it would read back as JSON)")
+    return value
