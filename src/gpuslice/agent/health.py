@@ -145,6 +145,7 @@ class Watcher:
         self._thread: threading.Thread | None = None
         self.registered: tuple[int, ...] = ()
         self.error: str | None = None
+        self._failing = False
 
     def healthy(self) -> dict[int, bool]:
         """A copy of the current state."""
@@ -172,8 +173,11 @@ class Watcher:
         """Wait once for an event, apply it and the quiet-period rule; returns the changes."""
         try:
             event = self._nvml.wait_event(self._poll_s)
+            self._failing = False
         except backend.BackendError as e:
-            log.warning("waiting for NVML events failed (%s: %s)", e.reason, e)
+            if not self._failing:  # once per failure streak, not every poll
+                log.warning("waiting for NVML events failed (%s: %s)", e.reason, e)
+            self._failing = True
             self._stop.wait(self._poll_s)
             event = None
         with self._lock:

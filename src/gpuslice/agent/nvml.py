@@ -102,8 +102,11 @@ class NvmlBackend:
 
     def describe(self) -> str:
         """NVML and driver versions."""
-        driver = self._optional(pynvml.nvmlSystemGetDriverVersion)
-        lib = self._optional(pynvml.nvmlSystemGetNVMLVersion)
+        try:
+            driver = self._optional(pynvml.nvmlSystemGetDriverVersion)
+            lib = self._optional(pynvml.nvmlSystemGetNVMLVersion)
+        except backend.BackendError:
+            return "NVML (version unknown)"
         return f"NVML {_text(lib)} (driver {_text(driver)})"
 
     def gpus(self) -> tuple[backend.GpuRecord, ...]:

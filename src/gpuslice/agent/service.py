@@ -125,8 +125,10 @@ class Agent:
         self._clock = clock
         self._wall = wall
         self._nvml: backend.Backend | None = None
+        self._description = ""
         self._records: collect.Records | None = None
         self.watcher: health.Watcher | None = None
+        self._tracker: health.Tracker | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._refresh_requested = False
@@ -184,11 +186,7 @@ class Agent:
 
     def close(self) -> None:
         """Stop the health thread, release NVML and the API connections."""
-        if self.watcher is not None:
-            self.watcher.stop()
-        if self._nvml is not None:
-            self._nvml.close()
-            self._nvml = None
+        self._drop_backend()
         if self._api is not None:
             self._api.close()
 
@@ -201,7 +199,8 @@ class Agent:
             except backend.BackendError as e:
                 self._nvml_failed(e)
                 return None
-            log.info("NVML backend: %s", self._nvml.describe())
+            self._description = self._nvml.describe()
+            log.info("NVML backend: %s", self._description)
         return self._nvml
 
     def _nvml_failed(self, e: backend.BackendError) -> None:
@@ -225,8 +224,7 @@ class Agent:
         try:
             records = collect.inventory(nvml)
         except backend.BackendError as e:
-            nvml.close()
-            self._nvml = None
+            self._drop_backend()
             self._nvml_failed(e)
             self._next_refresh = now + min(RETRY_S, self.settings.refresh_s)
             self.metrics.refreshes.labels("nvml-unavailable").inc()
@@ -237,24 +235,36 @@ class Agent:
         self._records = records
         self._start_watcher(nvml, records)
         report = self._publish(records)
-        report.backend = nvml.describe()
+        report.backend = self._description
         self.metrics.refreshes.labels("ok" if report.error is None else "api-error").inc()
         self.last_report = report
         return report
 
+    def _drop_backend(self) -> None:
+        """Forget a failed NVML session: stop its event thread (the health state is kept) and close it."""
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
+
     def _start_watcher(self, nvml: backend.Backend, records: collect.Records) -> None:
         if self.watcher is not None or not records.gpus or not self.settings.watch_health:
             return
-        tracker = health.Tracker(
-            (g.index for g in records.gpus), self.settings.quiet_period_s, self.settings.ignored_xids
-        )
+        if self._tracker is None:
+            self._tracker = health.Tracker(
+                (g.index for g in records.gpus), self.settings.quiet_period_s, self.settings.ignored_xids
+            )
         self.watcher = health.Watcher(
-            nvml, tracker, self._clock, self.on_health_change, poll_s=self.settings.health_poll_s
+            nvml, self._tracker, self._clock, self.on_health_change, poll_s=self.settings.health_poll_s
         )
         self.watcher.start()
 
     def _health(self) -> dict[int, bool]:
-        return self.watcher.healthy() if self.watcher is not None else {}
+        if self.watcher is not None:
+            return self.watcher.healthy()
+        return self._tracker.healthy() if self._tracker is not None else {}
 
     def _publish(self, records: collect.Records) -> Report:
         found = discover.discover(records, self.settings.registration, self._health())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
@@ -260,3 +261,56 @@ def test_xid_79_marks_unhealthy_and_recovers(closing: list[service.Agent]) -> No
         agent.wake()
         loop.join(10)
     assert not loop.is_alive()
+
+
+def cycle_until(agent: service.Agent, pred: Callable[[], bool]) -> bool:
+    """Run the agent's cycles until ``pred`` holds (the watcher thread queues changes meanwhile)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        agent.cycle()
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def watcher_of(agent: service.Agent) -> health.Watcher | None:
+    return agent.watcher
+
+
+class Flaky(fake.FakeBackend):
+    """A fake whose card list can fail as if NVML lost the GPU."""
+
+    broken = False
+
+    def gpus(self) -> tuple[backend.GpuRecord, ...]:
+        if self.broken:
+            raise backend.BackendError(backend.REASON_GPU_LOST, "GPU is lost")
+        return super().gpus()
+
+
+def test_nvml_failure_keeps_health_state(closing: list[service.Agent]) -> None:
+    nvml = Flaky(fake.shape("t4-4"))
+    agent, api, clock, _ = make(
+        opener=lambda: nvml, watch_health=True, health_poll_s=0.01, quiet_period_s=600.0
+    )
+    closing.append(agent)
+    agent.refresh()
+    first = agent.watcher
+    assert first is not None
+    nvml.inject_xid(1, 79)
+    assert cycle_until(agent, lambda: health.REASON_UNHEALTHY in api.reasons())
+    assert not node_inventory.decode_node("n1", api.annotations).devices[1].health
+    nvml.broken = True
+    assert agent.refresh().error is not None
+    assert watcher_of(agent) is None  # the event thread of the failed session is stopped
+    assert not node_inventory.decode_node("n1", api.annotations).devices[1].health  # published state kept
+    nvml.broken = False
+    assert agent.refresh().error is None
+    assert watcher_of(agent) not in (None, first)
+    assert [x.health for x in node_inventory.decode_node("n1", api.annotations).devices] == [
+        True,
+        False,
+        True,
+        True,
+    ]
