@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuslice.agent import cli, fake, metrics, nodeapi, service
+from gpuslice.agent import cli, fake, metrics, service
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys
 from gpuslice.devcluster.controlplane import ControlPlane
@@ -48,7 +48,7 @@ def make_agent(
     cp: ControlPlane, node: str, shape: str, clock: Callable[[], float] = time.monotonic, **settings: Any
 ) -> tuple[service.Agent, fake.FakeBackend]:
     nvml = fake.FakeBackend(fake.shape(shape))
-    api = nodeapi.KubeNodeApi(kube_nodes.make_client(str(cp.kubeconfig)), node, time.time)
+    api = kube_nodes.NodeClient.from_kubeconfig(str(cp.kubeconfig), node, time.time)
     s = service.Settings(**{"node_name": node, "register": True, "watch_health": False, **settings})
     return service.Agent(s, lambda: nvml, api, metrics.AgentMetrics(), clock=clock), nvml
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from gpuslice.agent import backend, discover, fake, health, metrics, nodeapi, server, service
+from gpuslice.agent import backend, discover, fake, health, metrics, server, service
 from gpuslice.kube import nodes
 
 log = logging.getLogger("gpuslice.agent")
@@ -117,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
     api = None
     if not args.dry_run:
         try:
-            api = nodeapi.KubeNodeApi(nodes.make_client(args.kubeconfig), node_name, time.time)
+            api = nodes.NodeClient.from_kubeconfig(args.kubeconfig, node_name, time.time)
         except Exception as e:  # kubeconfig problems come as several exception types
             print(f"gpuslice agent: cannot configure the API client: {e}", file=sys.stderr)
             return 2

@@ -7,7 +7,7 @@ Small and synchronous (the agent is a thread-based program). Self-contained on p
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import lightkube
 from lightkube.config.kubeconfig import KubeConfig
@@ -123,3 +123,44 @@ def record_node_event(
         client.create(event, namespace=EVENT_NAMESPACE)
     except Exception as e:
         raise _wrap(f"recording event {reason} on node {node.name}", e) from e
+
+
+class NodeClient:
+    """One Node's annotations and events, for the node agent (its ``NodeApi``).
+
+    Args:
+        client: the API client (``make_client``).
+        node_name: the Node.
+        wall: unix seconds, for event times.
+    """
+
+    def __init__(self, client: lightkube.Client, node_name: str, wall: Callable[[], float]) -> None:
+        self._client = client
+        self._name = node_name
+        self._wall = wall
+        self._uid = ""
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None, node_name: str, wall: Callable[[], float]) -> NodeClient:
+        """A client from a kubeconfig file, or from the environment when None."""
+        return cls(make_client(kubeconfig), node_name, wall)
+
+    def read(self) -> Mapping[str, str]:
+        """The Node's annotations (remembers its uid for events)."""
+        info = get_node(self._client, self._name)
+        self._uid = info.uid
+        return info.annotations
+
+    def patch(self, changes: Mapping[str, str | None]) -> None:
+        """Merge-patch annotations."""
+        patch_node_annotations(self._client, self._name, changes)
+
+    def event(self, type_: str, reason: str, note: str, action: str) -> None:
+        """Record an events.k8s.io/v1 Event regarding the Node."""
+        now = datetime.datetime.fromtimestamp(self._wall(), datetime.UTC)
+        node = NodeInfo(self._name, self._uid, {})
+        record_node_event(self._client, node, type_=type_, reason=reason, note=note, action=action, now=now)
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._client.close()
