@@ -52,9 +52,8 @@ class Balanced:
         """The emptiest eligible cards after the request; ties to the cooler card, then index."""
         heads = _headrooms(state)
         wm, wc = usage.DEFAULT_MEMORY_WEIGHT, usage.DEFAULT_CORES_WEIGHT
-        ranked = sorted(
-            eligible, key=lambda i: (usage.card_key(state, i, request, wm, wc), -(NEUTRAL if heads[i] is None else heads[i]), i)
-        )
+        cool = [NEUTRAL if h is None else h for h in heads]
+        ranked = sorted(eligible, key=lambda i: (usage.card_key(state, i, request, wm, wc), -cool[i], i))
         return tuple(ranked[: request.count])
 
     def score_node(

@@ -26,7 +26,8 @@ CASES = [
         (70.0, 0.0, 50.0, 100.0, 48),
     ),
     (
-        # card 0 has 4000 used; spread-like choice takes idle card 1: u = (0.6 * 0.4, 0.6 * 0.3) = (0.24, 0.18)
+        # card 0 has 4000 used; spread-like choice takes idle card 1:
+        # u = (0.6 * 0.4, 0.6 * 0.3) = (0.24, 0.18)
         # std 0.03 -> U = 94; card 1 was idle: A = 0; T = 50; F = 100
         # 37.6 + 0 + 10 + 10 = 57.6 -> 57
         "joins-emptier-card",
