@@ -138,3 +138,23 @@ async def test_node_events_live_in_default(
     mine = [e for e in _events(control_plane, "default") if e["regarding"]["name"] == node_name]
     assert len(mine) == 1 and mine[0]["regarding"]["kind"] == "Node"
     assert rec.failed == 0
+
+
+async def test_nodesim_failed_allocate_rejects_the_pod(
+    control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str, node_name: str
+) -> None:
+    await nodesim.make_node(kube, node_name, count=1)
+    uid = h.create_pod(control_plane, namespace, "p", gpus=1)["metadata"]["uid"]
+    await locks.acquire(kube, node_name, namespace, "p")
+    await pods.patch_annotations(kube, namespace, "p", {keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING})
+    await binding.bind(kube, namespace, "p", uid, node_name)
+    sim = nodesim.NodeSim(kube, [node_name], fail=lambda pod: True)
+
+    assert await sim.allocate(await pods.get(kube, namespace, "p")) is True
+
+    pod = await pods.get(kube, namespace, "p")
+    assert (
+        pod.status.phase == "Failed" and pod.metadata.annotations[keys.BIND_PHASE] == keys.BIND_PHASE_FAILED
+    )
+    assert keys.NODE_LOCK not in (await locks.read_node(kube, node_name)).metadata.annotations
+    assert sim.failed == [f"{namespace}/p"] and sim.completed == []

@@ -10,6 +10,9 @@ serves and, for each pod in ``hami.io/bind-phase: allocating``, does what the de
    and set ``hami.io/bind-phase: success``;
 3. release the node lock (owner-checked, compare-and-swap);
 4. mark the pod Running through ``pods/status``.
+
+A ``fail`` predicate plays a failed ``Allocate``: ``bind-phase: failed``, lock released, and the
+pod Failed with reason ``UnexpectedAdmissionError``, as the kubelet rejects it.
 """
 
 from __future__ import annotations
@@ -140,6 +143,7 @@ class NodeSim:
         kube: the API client.
         nodes: node names served; None serves every node.
         clock: wall clock for the pod's start time.
+        fail: pods for which ``Allocate`` fails (None: it always succeeds).
     """
 
     def __init__(
@@ -147,14 +151,18 @@ class NodeSim:
         kube: kclient.KubeClient,
         nodes: Iterable[str] | None = None,
         clock: Callable[[], float] = time.time,
+        fail: Callable[[objects.Pod], bool] | None = None,
     ):
         self.kube = kube
+        self.fail = fail
         self.nodes = None if nodes is None else frozenset(nodes)
         self._clock = clock
         self._queue: asyncio.Queue[objects.Pod] = asyncio.Queue()
         self.informer = informer.Informer(kube, kinds.PODS, self._on_event, field_selector="spec.nodeName!=")
         self.completed: list[str] = []
         """Keys of pods whose handshake finished, in order."""
+        self.failed: list[str] = []
+        """Keys of pods whose ``Allocate`` was made to fail, in order."""
         self.skipped = 0
         """Times a pod was not served because the lock named another pod."""
 
@@ -184,6 +192,10 @@ class NodeSim:
             self.skipped += 1
             log.info("nodesim: %s on %s: the node lock names %r, not this pod", pod.key, node, lock)
             return False
+        started = dt.datetime.fromtimestamp(self._clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.fail is not None and self.fail(current):
+            await self._reject(current, node, started)
+            return True
         to_allocate = current.metadata.annotations.get(keys.DEVICES_TO_ALLOCATE, "")
         await pods.patch_annotations(
             self.kube,
@@ -192,7 +204,6 @@ class NodeSim:
             {keys.DEVICES_TO_ALLOCATE: blank_entries(to_allocate), keys.BIND_PHASE: keys.BIND_PHASE_SUCCESS},
         )
         await locks.release(self.kube, node, meta.namespace, meta.name)
-        started = dt.datetime.fromtimestamp(self._clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         await pods.patch_status(
             self.kube,
             meta.namespace,
@@ -205,6 +216,25 @@ class NodeSim:
         )
         self.completed.append(pod.key)
         return True
+
+    async def _reject(self, pod: objects.Pod, node: str, now: str) -> None:
+        meta = pod.metadata
+        await pods.patch_annotations(
+            self.kube, meta.namespace, meta.name, {keys.BIND_PHASE: keys.BIND_PHASE_FAILED}
+        )
+        await locks.release(self.kube, node, meta.namespace, meta.name)
+        await pods.patch_status(
+            self.kube,
+            meta.namespace,
+            meta.name,
+            {
+                "phase": "Failed",
+                "reason": "UnexpectedAdmissionError",
+                "message": f"Allocate failed due to no binding pod found on node {node} (nodesim)",
+                "startTime": now,
+            },
+        )
+        self.failed.append(pod.key)
 
     async def _work(self) -> None:
         while True:
