@@ -84,3 +84,22 @@ def test_two_numa_node_keeps_a_socket_for_the_next_pod() -> None:
     rest = tuple(i for i in range(8) if i not in first)
     assert choose(state, 4, rest) == frozenset(rest)
     assert {state.inventory.devices[i].numa for i in first} in ({0}, {1})
+
+
+@pytest.mark.parametrize("hot", [0, 1, 2, 3])
+def test_published_telemetry_steers_the_balanced_policy(hot: int) -> None:
+    # one T4 at 86 C drawing 69 of 70 W: no thermal or power headroom, so balanced leaves it out
+    b = fake.FakeBackend(fake.shape("t4-4"))
+    b.set_telemetry(hot, temperature_c=86.0, power_draw_w=69.0)
+    records = collect.inventory(b)
+    ann = publish.topology_annotations(
+        discover.discover(records, discover.RegistrationConfig()), register=True
+    )
+    ann |= publish.telemetry_annotation(
+        discover.card_telemetry(records.gpus, collect.telemetry(b, records.gpus)), 0.0
+    )
+    state = nodes.empty_state(node_inventory.decode_node("n", ann))
+    cards = registry.get("balanced").choose_cards(
+        state, requests.ContainerRequest(count=3, memory_mib=100), (0, 1, 2, 3), registry.EMPTY_CONTEXT
+    )
+    assert cards is not None and hot not in cards
