@@ -37,7 +37,7 @@ import threading
 import types
 
 from gpuslice.cache import shapes, snapshot
-from gpuslice.model import allocations, nodes, requests, status
+from gpuslice.model import allocations, devices, nodes, requests, status
 from gpuslice.policy import cards, columns, registry
 from gpuslice.policy import quota as quotas
 
@@ -287,6 +287,7 @@ class ClusterCache:
             return status.Status(status.Code.UNSCHEDULABLE, (status.INSUFFICIENT_CPU,))
         if inv.memory_mib > 0 and alloc.memory_mib > inv.memory_mib - node.memory_used:
             return status.Status(status.Code.UNSCHEDULABLE, (status.INSUFFICIENT_HOST_MEMORY,))
+        exclusive = {g.uuid for c in alloc.containers for g in c if g.cores >= devices.FULL_CORES}
         for uuid, r in reservation.items():
             i = node.index.get(uuid)
             if i is None:
@@ -295,7 +296,7 @@ class ClusterCache:
             reason = cards.static_reason(dev, inv.cordoned, _NO_SELECTORS)
             if reason is not None:
                 return status.Status(status.Code.UNRESOLVABLE, (reason,))
-            reason = cards.admits(dev, node.usage[i], r)
+            reason = cards.admits(dev, node.usage[i], r, uuid in exclusive)
             if reason is not None:
                 return status.Status(status.Code.UNSCHEDULABLE, (reason,))
         return status.SUCCESS

@@ -69,13 +69,15 @@ def capacity_reason(
     return None
 
 
-def admits(dev: devices.GpuDevice, usage: nodes.CardUsage, add: nodes.CardUsage) -> str | None:
+def admits(
+    dev: devices.GpuDevice, usage: nodes.CardUsage, add: nodes.CardUsage, exclusive: bool
+) -> str | None:
     """Whether a card can take a pod's whole reservation ``add`` on top of ``usage`` (for the cache).
 
-    The reservation is judged as one task asking ``add.memory_mib`` and ``add.cores``, exclusive
-    when it takes all of the card's cores; it must also fit ``add.slots`` slots.
+    ``exclusive`` is True when one of the pod's grants on the card asks for the whole card (100
+    cores), which then must be unused; otherwise the reservation must fit memory, cores and
+    ``add.slots`` free slots, and the card must not be held exclusively.
     """
     if usage.slots + add.slots > dev.split_count:
         return status.GPU_SLOTS_EXHAUSTED
-    exclusive = add.cores >= min(dev.cores, devices.FULL_CORES) > 0
     return capacity_reason(dev, usage, add.memory_mib, add.cores, exclusive)

@@ -151,6 +151,22 @@ def test_assume_rejects_what_no_longer_fits(a: allocations.PodAllocation, expect
     assert c.pod_state(KEY) is None
 
 
+def test_assume_judges_exclusivity_per_grant() -> None:
+    # a 0-core task holds card 0; a pod whose two containers take 50 cores each there is not
+    # exclusive (no single grant asks 100 cores), so it joins; a 100-core grant would not
+    c = fresh()
+    c.add_pod("ns/other", "o", alloc("n", ((uuid("n", 0), 100, 0),)))
+    two = alloc("n", ((uuid("n", 0), 100, 50),), ((uuid("n", 0), 100, 50),))
+    assert c.assume(KEY, "u", two, 0.0).ok
+    assert c.snapshot().nodes["n"].usage[0] == nodes.CardUsage(3, 300, 100)
+    whole = alloc("n", ((uuid("n", 1), 100, 100),))
+    assert c.assume("ns/w", "w", whole, 0.0).ok  # card 1 is idle
+    again = alloc("n", ((uuid("n", 1), 1, 0),))
+    assert c.assume("ns/x", "x", again, 0.0) == status.Status(
+        status.Code.UNSCHEDULABLE, (status.EXCLUSIVE_CONFLICT,)
+    )
+
+
 def test_snapshot_rebuilds_only_changed_nodes_and_is_immutable() -> None:
     c = fresh()
     c.upsert_node(node("m").gpus(1).inventory())
