@@ -77,13 +77,41 @@ def changes(
     return patch
 
 
+TEMPERATURE_STEP_C = 2.0
+"""Temperature changes smaller than this are not worth a patch."""
+POWER_STEP = 0.05
+"""Power changes smaller than this share of the limit (or of 200 W without a limit) are not."""
+UTILIZATION_STEP_PCT = 5.0
+MEMORY_STEP_MIB = 256
+
+
+def _moved(old: float | None, new: float | None, step: float) -> bool:
+    if old is None or new is None:
+        return (old is None) != (new is None)
+    return abs(new - old) >= step
+
+
+def material_change(old: nodes.CardTelemetry, new: nodes.CardTelemetry) -> bool:
+    """Whether a card's readings moved enough to publish (jitter below the steps is not)."""
+    power_step = POWER_STEP * (new.power_limit_w or old.power_limit_w or 200.0)
+    return (
+        _moved(old.temperature_c, new.temperature_c, TEMPERATURE_STEP_C)
+        or _moved(old.power_draw_w, new.power_draw_w, power_step)
+        or _moved(old.power_limit_w, new.power_limit_w, power_step)
+        or _moved(old.utilization_pct, new.utilization_pct, UTILIZATION_STEP_PCT)
+        or _moved(old.memory_used_mib, new.memory_used_mib, MEMORY_STEP_MIB)
+    )
+
+
 def telemetry_changed(
     current: str | None, cards: tuple[nodes.CardTelemetry, ...], now: float, max_age_s: float
 ) -> bool:
     """Whether new readings are worth a patch.
 
-    True when they differ from the published ones, when those are older than ``max_age_s``
-    (readers judge freshness by the timestamp), or when nothing valid is published.
+    True when a card came or went or moved materially (``material_change``), when the published
+    readings are older than ``max_age_s`` (readers judge freshness by the timestamp), or when
+    nothing valid is published. Small jitter alone never patches the Node, so a busy cluster's
+    Nodes are not rewritten every telemetry period.
     """
     if current is None:
         return True
@@ -91,6 +119,8 @@ def telemetry_changed(
         old = telemetry.decode(current)
     except errors.DecodeError:
         return True
-    if old.cards != cards:
+    if [c.uuid for c in old.cards] != [c.uuid for c in cards]:
+        return True
+    if any(material_change(o, n) for o, n in zip(old.cards, cards, strict=True)):
         return True
     return now - old.timestamp.timestamp() >= max_age_s

@@ -6,6 +6,7 @@ import datetime as dt
 from unittest import mock
 
 import pytest
+from msgspec.structs import replace
 
 from gpuslice.agent import collect, discover, fake, publish
 from gpuslice.codec import keys, node_inventory, telemetry, topology
@@ -88,6 +89,7 @@ def test_changes(
 
 T0 = dt.datetime(2026, 11, 30, 1, 0, tzinfo=dt.UTC).timestamp()
 CARD = nodes.CardTelemetry(uuid="GPU-a", temperature_c=40.0, power_draw_w=100.0, power_limit_w=300.0)
+OLD = telemetry.encode((CARD,), T0)
 
 
 @pytest.mark.parametrize(
@@ -97,14 +99,25 @@ CARD = nodes.CardTelemetry(uuid="GPU-a", temperature_c=40.0, power_draw_w=100.0,
         ("garbage", (CARD,), T0, True),
         (telemetry.encode((CARD,), T0), (CARD,), T0 + 299, False),  # same readings, 299 s < 300 s old
         (telemetry.encode((CARD,), T0), (CARD,), T0 + 300, True),  # stale
-        (
-            telemetry.encode((CARD,), T0),
-            (nodes.CardTelemetry(uuid="GPU-a", temperature_c=41.0),),
-            T0 + 1,
-            True,
-        ),
+        (OLD, (replace(CARD, temperature_c=41.9),), T0 + 1, False),  # 1.9 C < 2 C step
+        (OLD, (replace(CARD, temperature_c=42.0),), T0 + 1, True),
+        (OLD, (replace(CARD, power_draw_w=114.9),), T0 + 1, False),  # 14.9 W < 5% of 300 W
+        (OLD, (replace(CARD, power_draw_w=115.0),), T0 + 1, True),
+        (OLD, (replace(CARD, utilization_pct=3.0),), T0 + 1, True),  # a reading appears
+        (OLD, (CARD, replace(CARD, uuid="GPU-b")), T0 + 1, True),  # a card appears
     ],
-    ids=["none", "malformed", "unchanged", "stale", "changed"],
+    ids=[
+        "none",
+        "malformed",
+        "unchanged",
+        "stale",
+        "jitter-temp",
+        "temp",
+        "jitter-power",
+        "power",
+        "new-reading",
+        "new-card",
+    ],
 )
 def test_telemetry_changed(
     current: str | None, cards: tuple[nodes.CardTelemetry, ...], now: float, due: bool
