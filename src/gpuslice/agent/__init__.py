@@ -1,1 +1,27 @@
-"""gpuslice.agent."""
+"""The node agent (``gpuslice agent``), run as a DaemonSet on every GPU node.
+
+It reads the node's GPUs through NVML and publishes, on its own Node:
+
+- ``hami.io/node-nvidia-score``: HAMi's pair scores (PCIe level + 100 per NVLink; 0 for a pair
+  whose cards count different links, with an ``AsymmetricGPUP2PLink`` Warning);
+- ``gpuslice.io/gpu-topology``: NVLink counts, PCIe levels, P2P and NUMA per card;
+- ``gpuslice.io/gpu-telemetry``: temperature, power against limit, memory in use, utilisation,
+  sampled every ``--telemetry-interval`` and patched only on a material change or when stale;
+- with ``--register``, ``hami.io/node-nvidia-register`` (split count, memory and core scaling),
+  for clusters that do not run HAMi's device plugin; unhealthy cards are registered
+  ``health: false``.
+
+Critical XIDs, double-bit ECC and lost GPUs mark a card unhealthy (application XIDs 13, 31, 43,
+45 and 68 do not) and raise a ``GPUUnhealthy`` Warning event on the Node; after a quiet period the
+card is healthy again (``GPURecovered``). Without NVML the agent says so (log, ``NVMLUnavailable``
+event, ``/healthz`` text, ``gpuslice_agent_nvml_up 0``), keeps what is published and retries.
+
+Modules: ``backend`` (records and the ``Backend`` protocol), ``nvml`` (the only importer of
+``pynvml``), ``fake`` (recorded machine shapes), ``collect`` (walk a backend), ``discover`` (pure:
+records to model objects), ``health`` (XID rules, tracker, event thread), ``publish`` (pure:
+annotation values and patches), ``metrics``, ``server`` (``/metrics``, ``/healthz``,
+``POST /refresh``), ``service`` (the loop), ``cli``.
+
+API access (``gpuslice.kube.nodes``): get and patch its Node, create ``events.k8s.io`` Events in
+``default``.
+"""
