@@ -126,6 +126,7 @@ class Agent:
         self._wall = wall
         self._nvml: backend.Backend | None = None
         self._description = ""
+        self._notes: tuple[str, ...] = ()
         self._records: collect.Records | None = None
         self.watcher: health.Watcher | None = None
         self._tracker: health.Tracker | None = None
@@ -268,8 +269,10 @@ class Agent:
 
     def _publish(self, records: collect.Records) -> Report:
         found = discover.discover(records, self.settings.registration, self._health())
-        for note in found.notes:
-            log.info("discovery: %s", note)
+        if found.notes != self._notes:  # said once, not every round
+            for note in found.notes:
+                log.warning("discovery: %s", note)
+            self._notes = found.notes
         desired = publish.topology_annotations(found, register=self.settings.register)
         remove = publish.TOPOLOGY_KEYS if found.topology is None else ()
         report = Report(node=self.settings.node_name, annotations=desired, notes=list(found.notes))

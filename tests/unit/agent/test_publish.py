@@ -6,9 +6,11 @@ import datetime as dt
 from unittest import mock
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from gpuslice.agent import collect, discover, fake, publish
+from gpuslice.agent import backend, collect, discover, fake, publish
 from gpuslice.codec import keys, node_inventory, telemetry, topology
 from gpuslice.model import nodes
 
@@ -130,3 +132,41 @@ def test_telemetry_annotation_round_trip() -> None:
     cards = discover.card_telemetry(b.gpus(), collect.telemetry(b, b.gpus()))
     ann = publish.telemetry_annotation(cards, T0)
     assert node_inventory.node_telemetry(ann) == cards
+
+
+text = st.text(min_size=0, max_size=12)
+
+
+@given(
+    names=st.lists(
+        st.tuples(text, text, st.sampled_from(["00000000:18:00.0", "0000:AB:00.1", "junk", ""])), max_size=5
+    ),
+    levels=st.lists(st.sampled_from([None, 0, 10, 20, 30, 40, 50, 7]), min_size=25, max_size=25),
+    numa=st.lists(st.one_of(st.none(), st.integers(-2, 3)), min_size=5, max_size=5),
+    memory=st.integers(0, 200_000),
+)
+def test_whatever_nvml_says_annotations_decode(
+    names: list[tuple[str, str, str]], levels: list[int | None], numa: list[int | None], memory: int
+) -> None:
+    """Odd names, repeated or empty UUIDs, malformed bus ids, unknown levels: never a malformed value."""
+    gpus = tuple(
+        backend.GpuRecord(index=i, uuid=u, name=n, memory_total_mib=memory, pci_bus_id=bus, numa_node=numa[i])
+        for i, (u, n, bus) in enumerate(names)
+    )
+    pairs = tuple(
+        backend.PairRecord(a=a, b=b, common_ancestor=levels[a * 5 + b])
+        for a in range(len(gpus))
+        for b in range(len(gpus))
+        if a != b
+    )
+    records = collect.Records(gpus=gpus, nvlinks=tuple(() for _ in gpus), pairs=pairs)
+    d = discover.discover(records, discover.RegistrationConfig())
+    ann = publish.topology_annotations(d, register=True)
+    assert set(ann) == (
+        {keys.NODE_REGISTER} | ({keys.NODE_PAIR_SCORE, keys.GPU_TOPOLOGY} if d.devices else set())
+    )
+    if d.devices:
+        inv = node_inventory.decode_node("n", ann)
+        assert inv.devices == d.devices and inv.topology == d.topology
+    else:
+        assert ann[keys.NODE_REGISTER] == "[]"
