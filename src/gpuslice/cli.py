@@ -16,7 +16,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("gpuslice.agent.cli", "node agent: publish GPU topology, health and telemetry from NVML"),
     "serve": ("gpuslice.extender.serve", "run the scheduler extender HTTP service kube-scheduler calls"),
     "render": ("gpuslice.extender.render", "print generated configuration (scheduler-config)"),
-    "dev-cluster": ("gpuslice.devcluster.devcluster", "local control plane + kube-scheduler + gpuslice + fake GPU nodes"),
+    "dev-cluster": (
+        "gpuslice.devcluster.devcluster",
+        "local control plane + kube-scheduler + gpuslice + fake GPU nodes",
+    ),
 }
 """Subcommand name -> (module, one-line help). Other tools add their line here."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -64,6 +65,11 @@ class Result:
             "pods_failed": self.pods_failed,
             "wall_seconds": round(self.wall_seconds, 3),
         }
+
+
+def _number(value: float) -> float | None:
+    """A JSON-safe figure: rounded, None for NaN."""
+    return None if math.isnan(value) else round(value, 4)
 
 
 def run_job(job: Job) -> Result:

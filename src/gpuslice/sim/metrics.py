@@ -21,8 +21,8 @@ def allocation_curve(
     """a(x) for x = 0..x_max, in percent of capacity, from per-event arrived and used milli-GPU.
 
     Event x is ``round(100 * arrived / capacity)``; a(x) is the mean of ``round(100 * used /
-    capacity, 2)`` over events with that x, or over events at x - 1 and x + 1 when none has x
-    (NaN when neither has any).
+    capacity, 2)`` over events with that x, or over events at x - 1 and x + 1 when none has x.
+    A tiny trace can skip further; then the last event below x carries forward (NaN before any).
     """
     x = go_round(100.0 * np.asarray(arrived, dtype=np.float64) / capacity_milli).astype(np.int64)
     pct = go_round(100.0 * np.asarray(used, dtype=np.float64) / capacity_milli, 2)
@@ -38,6 +38,10 @@ def allocation_curve(
         n = (counts[lo] if lo != k else 0.0) + counts[hi]
         if n > 0:
             out[k] = ((sums[lo] if lo != k else 0.0) + sums[hi]) / n
+            continue
+        before = int(np.searchsorted(x, k, side="left"))  # x never decreases: events with x < k
+        if before > 0:
+            out[k] = pct[before - 1]
     return out
 
 

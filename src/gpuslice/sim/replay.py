@@ -3,8 +3,8 @@
 A pod that does not fit waits in a FIFO queue (at most ``QUEUE_LIMIT`` pods; later ones fail at
 once). When a pod leaves node j, the queued pods that now fit node j are retried in queue order
 (nothing else changed in their favour since they last failed, so node j is the only place they can
-newly fit). Pods still queued at the end fail. Reported: the time-averaged GPU allocation over the
-arrival span, pods that waited, pods that failed.
+newly fit). After the last arrival the remaining departures run and pods still queued then fail.
+Reported: the time-averaged GPU allocation over the arrival span, pods that waited, pods that failed.
 """
 
 from __future__ import annotations
@@ -171,9 +171,10 @@ def run(
                 queue.push(i, pods[i], now)
             else:
                 failed += 1
-    failed += queue.waiting
     span = last_t - start_t
     pct = 100.0 * area / (span * live.capacity_milli) if span > 0 and live.capacity_milli else 0.0
+    depart_until(float("inf"))  # after the last arrival: let the queue drain as pods leave
+    failed += queue.waiting
     return pct, waited, failed, wait_total / waited if waited else 0.0
 
 
