@@ -15,7 +15,7 @@ CTX = registry.EMPTY_CONTEXT
 
 
 def score(policy: registry.Policy, state: shares.TaggedNodeState, pod_args: dict[str, int]) -> int:
-    return policy.score_node(state, sim_pod(**pod_args).request, CTX).score  # type: ignore[arg-type]
+    return policy.score_node(state, sim_pod(**pod_args).request, CTX).score
 
 
 @pytest.mark.parametrize(
