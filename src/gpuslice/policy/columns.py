@@ -3,7 +3,8 @@
 Row r holds one node; column k its card k (``k < ncards[r]``); padding cards are ``CARD_ABSENT``.
 Three arrays, laid out for one gather per request:
 
-* ``cards`` (rows, K, ``len(CARD_FIELDS)``) int64: every per-card number (capacities, usage, state).
+* ``cards`` (rows, K, ``len(CARD_FIELDS)``) int64: every per-card number (capacities, usage, state,
+  NUMA node, and the card's type and mode as indices into ``types`` / ``modes``).
 * ``hot`` (rows, K, ``len(HOT_FIELDS)``) int32: what the vectorised filter reads. ``flag`` is
   ``FREE`` (usable, idle), ``SHARED`` (usable, in use) or, for a card no request can take, the
   first reason in ``cards`` order: ``ABSENT``, ``UNHEALTHY``, ``CORDONED``, ``SLOTS_FULL``,
@@ -32,7 +33,18 @@ IntArray = npt.NDArray[np.int64]
 Int32Array = npt.NDArray[np.int32]
 
 CARD_OK, CARD_UNHEALTHY, CARD_CORDONED, CARD_ABSENT = 0, 1, 2, 3
-CARD_FIELDS = ("total_mem", "used_mem", "total_cores", "used_cores", "split", "used_slots", "card_state")
+CARD_FIELDS = (
+    "total_mem",
+    "used_mem",
+    "total_cores",
+    "used_cores",
+    "split",
+    "used_slots",
+    "card_state",
+    "type_id",
+    "mode_id",
+    "numa",
+)
 ROW_FIELDS = (
     "ncards",
     "first_mem",
@@ -61,6 +73,8 @@ class NodeColumns:
     cards: IntArray
     hot: Int32Array
     nodes: IntArray
+    types: tuple[str, ...]
+    modes: tuple[str, ...]
     _rows: dict[str, int] = dataclasses.field(repr=False, compare=False)
 
     def card(self, field: str) -> IntArray:
@@ -89,6 +103,8 @@ class ColumnsBuilder:
         """Start with room for ``rows`` nodes of up to ``cards`` cards (both grow on demand)."""
         self._row_of: dict[str, int] = {}
         self._free: list[int] = []
+        self._types: dict[str, int] = {}
+        self._modes: dict[str, int] = {}
         self._cards = np.zeros((rows, cards, len(CARD_FIELDS)), np.int64)
         self._cards[:, :, _C["card_state"]] = CARD_ABSENT
         self._hot = np.zeros((rows, cards, len(HOT_FIELDS)), np.int32)
@@ -124,7 +140,20 @@ class ColumnsBuilder:
         hrow = self._hot[row]
         for i, (d, u) in enumerate(zip(devs, state.usage, strict=True)):
             st = CARD_UNHEALTHY if not d.health else CARD_CORDONED if d.uuid in cordoned else CARD_OK
-            crow[i] = (d.memory_mib, u.memory_mib, d.cores, u.cores, d.split_count, u.slots, st)
+            type_id = self._types.setdefault(d.type, len(self._types))
+            mode_id = self._modes.setdefault(d.mode, len(self._modes))
+            crow[i] = (
+                d.memory_mib,
+                u.memory_mib,
+                d.cores,
+                u.cores,
+                d.split_count,
+                u.slots,
+                st,
+                type_id,
+                mode_id,
+                d.numa,
+            )
             if st == CARD_UNHEALTHY:
                 flag = UNHEALTHY
             elif st == CARD_CORDONED:
@@ -176,7 +205,15 @@ class ColumnsBuilder:
         for a in (c, h, n):
             a.flags.writeable = False
         rows = dict(self._row_of)
-        return NodeColumns(row_of=types.MappingProxyType(rows), cards=c, hot=h, nodes=n, _rows=rows)
+        return NodeColumns(
+            row_of=types.MappingProxyType(rows),
+            cards=c,
+            hot=h,
+            nodes=n,
+            types=tuple(self._types),
+            modes=tuple(self._modes),
+            _rows=rows,
+        )
 
 
 def _clip32(v: int) -> int:

@@ -30,6 +30,9 @@ def node_states(draw: st.DrawFn, name: str = "n", max_cards: int = 8, host: bool
                 split_count=split,
                 numa=draw(st.integers(0, 1)),
                 health=draw(st.booleans()) or draw(st.booleans()),
+                mode=draw(
+                    st.sampled_from((devices.MODE_HAMI_CORE, devices.MODE_HAMI_CORE, devices.MODE_MIG))
+                ),
             )
         )
         if draw(st.integers(0, 5)) == 0:
@@ -70,14 +73,26 @@ def container_requests(draw: st.DrawFn, max_count: int = 4) -> requests.Containe
     )
 
 
+FAST_SELECTORS = (
+    requests.NO_SELECTORS,
+    requests.Selectors(use_types=("a100",)),
+    requests.Selectors(nouse_types=("A100",)),
+    requests.Selectors(use_types=("h100",)),
+    requests.Selectors(mode="mig"),
+    requests.Selectors(mode="hami-core", numa_node=1),
+    requests.Selectors(numa_node=0),
+)
+
+
 @st.composite
 def simple_pods(draw: st.DrawFn) -> requests.PodRequest:
-    """Pods of the vectorised fast path: one GPU container, no selectors."""
+    """Pods of the vectorised fast path: one GPU container; type, mode and NUMA-hint selectors."""
     return requests.PodRequest(
         name="p",
-        containers=(draw(container_requests()),),
+        containers=(draw(st.none()), draw(container_requests())),
         cpu_milli=draw(st.sampled_from((0, 1000, 6000))),
         memory_mib=draw(st.sampled_from((0, 1000, 30000))),
+        selectors=draw(st.sampled_from(FAST_SELECTORS)),
     )
 
 

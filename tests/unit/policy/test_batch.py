@@ -15,30 +15,47 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize("policy_name", ["binpack", "spread"])
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     states=st.lists(st.integers(0, 10**6), min_size=1, max_size=6).flatmap(
         lambda ids: st.tuples(*[strategies.node_states(name=f"n{i}") for i in range(len(ids))])
     ),
     req=strategies.simple_pods(),
+    qv=st.one_of(
+        st.none(),
+        st.builds(
+            quota.QuotaView,
+            count_limit=st.sampled_from((None, 0, 2, 8)),
+            memory_limit=st.sampled_from((None, 16000, 100000)),
+            cores_limit=st.sampled_from((None, 100, 400)),
+            used_count=st.integers(0, 4),
+            used_memory=st.sampled_from((0, 8000, 60000)),
+            used_cores=st.sampled_from((0, 50, 300)),
+        ),
+    ),
 )
 def test_fast_path_matches_place(
-    policy_name: str, states: tuple[nodes.NodeState, ...], req: requests.PodRequest
+    policy_name: str,
+    states: tuple[nodes.NodeState, ...],
+    req: requests.PodRequest,
+    qv: quota.QuotaView | None,
 ) -> None:
     policy = registry.get(policy_name)
     by_name = {s.name: s for s in states}
     cols = columns.build(list(states))
     names = [s.name for s in states] + ["ghost"]
-    assert batch.fast_request(req, None) is not None
-    ev = batch.evaluate(by_name, cols, names, req, policy, policy)
-    slow = batch.evaluate(by_name, None, names, req, policy, policy)
+    if batch.fast_request(req, qv) is None:
+        qv = None  # percentage requests with a limited quota take the exact path; test without
+    assert batch.fast_request(req, qv) is not None
+    ev = batch.evaluate(by_name, cols, names, req, policy, policy, registry.EMPTY_CONTEXT, qv)
+    slow = batch.evaluate(by_name, None, names, req, policy, policy, registry.EMPTY_CONTEXT, qv)
     for i, name in enumerate(names):
         if name == "ghost":
             assert ev.failures[name][0] == status.Status(
                 status.Code.UNRESOLVABLE, (status.NODE_UNREGISTERED,)
             )
             continue
-        p = fit.place(by_name[name], req, policy)
+        p = fit.place(by_name[name], req, policy, registry.EMPTY_CONTEXT, qv)
         assert bool(ev.feasible[i]) == p.status.ok
         assert bool(slow.feasible[i]) == p.status.ok
         if p.status.ok:
@@ -49,10 +66,13 @@ def test_fast_path_matches_place(
             assert slow.failures[name] == ev.failures[name]
 
 
-def test_slow_path_for_selectors_and_quota() -> None:
-    assert batch.fast_request(pod().gpu(1).types("a100").obj(), None) is None
-    assert batch.fast_request(pod().gpu(1).obj(), quota.QuotaView(count_limit=1)) is None
-    assert batch.fast_request(pod().gpu(1).obj(), quota.QuotaView()) is not None
+def test_which_pods_take_the_fast_path() -> None:
+    assert batch.fast_request(pod().gpu(1).types("a100").obj(), None) is not None
+    assert batch.fast_request(pod().gpu(1).obj(), quota.QuotaView(count_limit=1)) is not None
+    assert batch.fast_request(pod().gpu(1, pct=50).obj(), quota.QuotaView(count_limit=1)) is None
+    assert batch.fast_request(pod().gpu(1, pct=50).obj(), quota.QuotaView()) is not None
+    assert batch.fast_request(pod().gpu(1).uuids("GPU-x").obj(), None) is None
+    assert batch.fast_request(pod().gpu(1).numa_bind().obj(), None) is None
     assert batch.fast_request(pod().init_gpu(1).gpu(1).obj(), None) is None
     assert batch.fast_request(pod().gpu(1).gpu(1).obj(), None) is None
 
