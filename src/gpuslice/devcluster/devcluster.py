@@ -168,12 +168,14 @@ class NodeSimThread:
         kubeconfig: admin kubeconfig.
         nodes: node name -> keyword arguments of ``nodesim.make_node`` (model, count, memory_mib,
             numa, ...).
+        workers: simulators (each with its own pod watch) the nodes are split over.
     """
 
-    def __init__(self, kubeconfig: Path, nodes: Mapping[str, Mapping[str, Any]]) -> None:
+    def __init__(self, kubeconfig: Path, nodes: Mapping[str, Mapping[str, Any]], workers: int = 8) -> None:
         self.kubeconfig = kubeconfig
         self.nodes = dict(nodes)
-        self.sim: nodesim.NodeSim | None = None
+        self.workers = max(1, min(workers, len(self.nodes)))
+        self.sims: list[nodesim.NodeSim] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._ready = threading.Event()
@@ -212,9 +214,13 @@ class NodeSimThread:
         try:
             for name, spec in self.nodes.items():
                 await nodesim.make_node(kube, name, **spec)
-            self.sim = nodesim.NodeSim(kube, nodes=self.nodes)
+            # Real nodes each run their own device plugin; one simulator per group of nodes keeps
+            # Allocate handshakes on different nodes concurrent.
+            names = list(self.nodes)
+            groups = [names[k :: self.workers] for k in range(self.workers)]
+            self.sims = [nodesim.NodeSim(kube, nodes=group) for group in groups]
             self._ready.set()
-            await self.sim.run()
+            await asyncio.gather(*(sim.run() for sim in self.sims))
         except asyncio.CancelledError:
             pass
         finally:

@@ -22,7 +22,7 @@ import msgspec
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import errors as codec_errors
-from gpuslice.codec import node_inventory, pod_devices, resources
+from gpuslice.codec import keys, node_inventory, pod_devices, resources
 from gpuslice.extender import config, logs, metrics
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, kinds, objects
@@ -54,6 +54,8 @@ class Feed:
         settings: overcommit, request config, resync and watch timeout.
         log: logger.
         metrics_: where watch restarts and sync state are counted.
+        on_node_lock: told (node, held) on every node event, so binds waiting for HAMi's node
+            lock retry as soon as it is released.
     """
 
     def __init__(
@@ -63,8 +65,10 @@ class Feed:
         settings: config.Settings,
         log: logs.Log,
         metrics_: metrics.Metrics,
+        on_node_lock: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.cache = cache
+        self.on_node_lock = on_node_lock
         self.settings = settings
         self.log = log
         self.metrics = metrics_
@@ -96,6 +100,8 @@ class Feed:
             self.cache.remove_node(name)
             return
         annotations = event.obj.metadata.annotations
+        if self.on_node_lock is not None:
+            self.on_node_lock(name, bool(annotations.get(keys.NODE_LOCK)))
         try:
             inventory = node_inventory.decode_node(name, annotations)
         except codec_errors.AnnotationMissing:
