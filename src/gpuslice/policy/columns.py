@@ -3,8 +3,9 @@
 Row r holds one node; column k its card k (``k < ncards[r]``); padding cards are ``CARD_ABSENT``.
 Three arrays, laid out for one gather per request:
 
-* ``cards`` (rows, K, ``len(CARD_FIELDS)``) int64: every per-card number (capacities, usage, state,
-  NUMA node, and the card's type and mode as indices into ``types`` / ``modes``).
+* ``cards`` (rows, K, ``len(CARD_FIELDS)``) int32 (clipped to its range): every per-card number
+  (capacities, usage, state, NUMA node, and the card's type and mode as indices into ``types`` /
+  ``modes``).
 * ``hot`` (rows, K, ``len(HOT_FIELDS)``) int32: what the vectorised filter reads. ``flag`` is
   ``FREE`` (usable, idle), ``SHARED`` (usable, in use) or, for a card no request can take, the
   first reason in ``cards`` order: ``ABSENT``, ``UNHEALTHY``, ``CORDONED``, ``SLOTS_FULL``,
@@ -70,14 +71,14 @@ class NodeColumns:
     """Read-only packed view of many nodes (see the module docstring)."""
 
     row_of: Mapping[str, int]
-    cards: IntArray
+    cards: Int32Array
     hot: Int32Array
     nodes: IntArray
     types: tuple[str, ...]
     modes: tuple[str, ...]
     _rows: dict[str, int] = dataclasses.field(repr=False, compare=False)
 
-    def card(self, field: str) -> IntArray:
+    def card(self, field: str) -> Int32Array:
         """One per-card field as a (rows, K) view, e.g. ``card("used_mem")``."""
         return self.cards[:, :, _C[field]]
 
@@ -105,7 +106,8 @@ class ColumnsBuilder:
         self._free: list[int] = []
         self._types: dict[str, int] = {}
         self._modes: dict[str, int] = {}
-        self._cards = np.zeros((rows, cards, len(CARD_FIELDS)), np.int64)
+        self._frozen_rows: dict[str, int] | None = None
+        self._cards = np.zeros((rows, cards, len(CARD_FIELDS)), np.int32)
         self._cards[:, :, _C["card_state"]] = CARD_ABSENT
         self._hot = np.zeros((rows, cards, len(HOT_FIELDS)), np.int32)
         self._hot[:, :, 0] = ABSENT
@@ -113,7 +115,7 @@ class ColumnsBuilder:
 
     def _grow(self, rows: int, k: int) -> None:
         old_rows, old_k = self._cards.shape[:2]
-        c = np.zeros((rows, k, len(CARD_FIELDS)), np.int64)
+        c = np.zeros((rows, k, len(CARD_FIELDS)), np.int32)
         c[:, :, _C["card_state"]] = CARD_ABSENT
         c[:old_rows, :old_k] = self._cards
         h = np.zeros((rows, k, len(HOT_FIELDS)), np.int32)
@@ -130,6 +132,7 @@ class ColumnsBuilder:
         if row is None:
             row = self._free.pop() if self._free else len(self._row_of)
             self._row_of[name] = row
+            self._frozen_rows = None
         devs = state.inventory.devices
         cap, k = self._cards.shape[:2]
         if row >= cap or len(devs) > k:
@@ -198,13 +201,17 @@ class ColumnsBuilder:
         if row is not None:
             self._clear(row)
             self._free.append(row)
+            self._frozen_rows = None
 
     def freeze(self) -> NodeColumns:
-        """An immutable copy of the current arrays."""
-        c, h, n = self._cards.copy(), self._hot.copy(), self._nodes.copy()
+        """An immutable copy of the current arrays (rows in use only)."""
+        used = len(self._row_of) + len(self._free)
+        c, h, n = self._cards[:used].copy(), self._hot[:used].copy(), self._nodes[:used].copy()
         for a in (c, h, n):
             a.flags.writeable = False
-        rows = dict(self._row_of)
+        if self._frozen_rows is None:
+            self._frozen_rows = dict(self._row_of)
+        rows = self._frozen_rows
         return NodeColumns(
             row_of=types.MappingProxyType(rows),
             cards=c,
