@@ -35,6 +35,7 @@ import dataclasses
 import enum
 import threading
 import types
+from collections.abc import Mapping
 
 from gpuslice.cache import shapes, snapshot
 from gpuslice.model import allocations, devices, nodes, requests, status
@@ -234,6 +235,7 @@ class ClusterCache:
         with self._lock:
             if self._last is not None and self._last.generation == self._gen:
                 return self._last
+            nodes_changed = bool(self._removed or self._dirty) or self._last is None
             for name in self._removed:
                 self._states.pop(name, None)
                 self._cols.remove(name)
@@ -249,14 +251,19 @@ class ClusterCache:
                 self._cols.set(state)
             self._removed.clear()
             self._dirty.clear()
+            if nodes_changed or self._last is None:
+                node_map: Mapping[str, nodes.NodeState] = types.MappingProxyType(dict(self._states))
+                cols = self._cols.freeze()
+            else:  # only quota, workload or orphans changed: share the node views
+                node_map, cols = self._last.nodes, self._last.columns
             views = {}
             for ns, limits in self._limits.items():
                 c, m, k = self._ns_used.get(ns, (0, 0, 0))
                 views[ns] = limits.plus(c, m, k)
             self._last = snapshot.Snapshot(
                 generation=self._gen,
-                nodes=types.MappingProxyType(dict(self._states)),
-                columns=self._cols.freeze(),
+                nodes=node_map,
+                columns=cols,
                 quotas=types.MappingProxyType(views),
                 workload=self._hist.workload(),
                 orphans=tuple(sorted(o for os in self._orphans.values() for o in os)),

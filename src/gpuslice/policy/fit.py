@@ -85,6 +85,7 @@ def _attempt(
     out: list[allocations.ContainerAllocation] = []
     app_state = state
     app_quota = quota
+    last_gpu = max((k for k, c in enumerate(pod.containers) if c is not None and c.count > 0), default=-1)
     for position, req in enumerate(pod.containers):
         if req is None or req.count <= 0:
             out.append(())
@@ -100,7 +101,7 @@ def _attempt(
         if isinstance(got, _Fail):
             return got
         out.append(got)
-        if not is_init:
+        if not is_init and position < last_gpu:
             app_state = _take(app_state, got)
             if app_quota is not None:
                 app_quota = app_quota.plus(
@@ -131,8 +132,13 @@ def _fit_container(
     cordoned = inv.cordoned
     eligible: list[int] = []
     rejected: Counter[str] = Counter()
+    fixed = (
+        req.memory_mib
+        if req.memory_mib > 0 or req.memory_percentage == requests.MEMORY_PERCENTAGE_UNSET
+        else None
+    )
     for i, dev in enumerate(devs):
-        memory = req.memory_on(dev.memory_mib)
+        memory = fixed if fixed is not None else req.memory_on(dev.memory_mib)
         reason = cards.static_reason(dev, cordoned, sel) or cards.capacity_reason(
             dev, usage[i], memory, cores, exclusive
         )

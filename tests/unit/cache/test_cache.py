@@ -189,6 +189,18 @@ def test_snapshot_rebuilds_only_changed_nodes_and_is_immutable() -> None:
     assert c.node_generation("n") > c.node_generation("m")  # type: ignore[operator]
 
 
+def test_workload_or_quota_change_shares_node_views() -> None:
+    c = fresh()
+    s1 = c.snapshot()
+    c.observe_request(registry.Shape(0, 500, 1))
+    c.set_quota("ns", quota.QuotaView(count_limit=1))
+    s2 = c.snapshot()
+    assert s2.generation > s1.generation
+    assert s2.nodes is s1.nodes
+    assert s2.columns is s1.columns
+    assert s2.workload is not None
+
+
 def test_remove_node_keeps_pods_as_orphans_until_it_returns() -> None:
     c = fresh()
     c.add_pod(KEY, "u", ALLOC)
