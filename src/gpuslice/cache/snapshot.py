@@ -46,9 +46,7 @@ class Snapshot:
     generation: int
     nodes: Mapping[str, _NodeState]
     columns: _Columns
-    quotas: Mapping[str, _QuotaView] = dataclasses.field(
-        default_factory=lambda: types.MappingProxyType({})
-    )
+    quotas: Mapping[str, _QuotaView] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     workload: registry.Workload | None = None
     orphans: tuple[Orphan, ...] = ()
 
