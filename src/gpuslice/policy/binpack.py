@@ -38,7 +38,9 @@ class Binpack:
         ctx: registry.Context,
     ) -> tuple[int, ...] | None:
         """The fullest eligible cards."""
-        return usage.choose_by_key(state, request, eligible, self.wm, self.wc, fullest=True)
+        return usage.choose_by_key(
+            state, request, eligible, self.wm, self.wc, fullest=True, ctx_weights=ctx.weights
+        )
 
 
 registry.register("binpack", Binpack)

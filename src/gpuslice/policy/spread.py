@@ -38,7 +38,9 @@ class Spread:
         ctx: registry.Context,
     ) -> tuple[int, ...] | None:
         """The emptiest eligible cards."""
-        return usage.choose_by_key(state, request, eligible, self.wm, self.wc, fullest=False)
+        return usage.choose_by_key(
+            state, request, eligible, self.wm, self.wc, fullest=False, ctx_weights=ctx.weights
+        )
 
 
 registry.register("spread", Spread)

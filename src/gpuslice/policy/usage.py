@@ -68,6 +68,27 @@ def node_usage_score(state: nodes.NodeState, pod: requests.PodRequest, wm: float
     return min(registry.MAX_SCORE, math.floor(registry.MAX_SCORE * u + 0.5))
 
 
+HAMI_KEYS = ("slot", "core", "memory")
+
+
+def hami_card_key(
+    state: nodes.NodeState, i: int, req: requests.ContainerRequest, w: Mapping[str, float]
+) -> float:
+    """HAMi's card score with ``hami.io/device-scoring-weights``, request terms included.
+
+    ``Ws * (used_slots + 1) / slots + Wc * (used_cores + cores) / card_cores
+    + Wm * (used_mem + mem) / card_mem`` (a term whose capacity is 0 counts 0). HAMi itself never
+    adds the request terms for NVIDIA cards (hami-protocol.md section 11); gpuslice does.
+    """
+    dev = state.inventory.devices[i]
+    u = state.usage[i]
+    return (
+        w["slot"] * _ratio(u.slots + 1, dev.split_count)
+        + w["core"] * _ratio(u.cores + req.cores_clamped, dev.cores)
+        + w["memory"] * _ratio(u.memory_mib + req.memory_on(dev.memory_mib), dev.memory_mib)
+    )
+
+
 def choose_by_key(
     state: nodes.NodeState,
     req: requests.ContainerRequest,
@@ -75,10 +96,19 @@ def choose_by_key(
     wm: float,
     wc: float,
     fullest: bool,
+    ctx_weights: Mapping[str, float] | None = None,
 ) -> tuple[int, ...]:
-    """The ``req.count`` fullest (or emptiest) eligible cards; ties by card index."""
+    """The ``req.count`` fullest (or emptiest) eligible cards; ties by card index.
+
+    When ``ctx_weights`` holds all of ``slot``, ``core`` and ``memory`` (HAMi's per-pod card-score
+    weights), cards are ranked by ``hami_card_key`` instead of the weighted usage.
+    """
     sign = -1.0 if fullest else 1.0
-    ranked = sorted(eligible, key=lambda i: (sign * card_key(state, i, req, wm, wc), i))
+    if ctx_weights and all(k in ctx_weights for k in HAMI_KEYS):
+        w = ctx_weights
+        ranked = sorted(eligible, key=lambda i: (sign * hami_card_key(state, i, req, w), i))
+    else:
+        ranked = sorted(eligible, key=lambda i: (sign * card_key(state, i, req, wm, wc), i))
     return tuple(ranked[: req.count])
 
 

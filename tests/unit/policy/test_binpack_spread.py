@@ -98,3 +98,17 @@ def test_card_choice(
 ) -> None:
     assert registry.get("binpack").choose_cards(state, req, eligible, CTX) == bp
     assert registry.get("spread").choose_cards(state, req, eligible, CTX) == sp
+
+
+def test_hami_card_score_weights_from_context() -> None:
+    # card 0: 3 of 10 slots used, no memory; card 1: 1 slot, 6000 of 10000 MiB
+    # weights slot=5, core=0, memory=1, request 1000 MiB (slots count the new task):
+    #   card 0: 5 * 4/10 + 1000/10000 = 2.1, card 1: 5 * 2/10 + 7000/10000 = 1.7
+    #   -> binpack takes 0, spread takes 1
+    # without weights (0.6 memory, 0.4 cores): card 1 is fuller -> binpack takes 1
+    state = node().gpus(2, memory=10000).used(0, slots=3).used(1, memory=6000).state()
+    req = requests.ContainerRequest(count=1, memory_mib=1000)
+    ctx = registry.Context(weights={"slot": 5, "core": 0, "memory": 1})
+    assert registry.get("binpack").choose_cards(state, req, (0, 1), ctx) == (0,)
+    assert registry.get("spread").choose_cards(state, req, (0, 1), ctx) == (1,)
+    assert registry.get("binpack").choose_cards(state, req, (0, 1), CTX) == (1,)
