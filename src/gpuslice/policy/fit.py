@@ -6,7 +6,12 @@ cards (per NUMA node under ``numa_bind``), and turns the choices into an allocat
 containers are each fit on the node as given (they run one at a time); app containers are fit
 cumulatively, each seeing the cards the earlier ones took.
 
-A failed node gets the dominant card reason(s) of its first failing container, and a code:
+A failed node gets the dominant card reason(s) of its first failing container (the most frequent
+card reason; ties all kept, in ``status.ALL_REASONS`` order). Node-level reasons come first: host
+CPU and memory (only when the inventory tracks them), ``NODE_UNREGISTERED`` (no cards) and
+``INSUFFICIENT_GPU_COUNT`` (fewer cards than asked). When enough cards are eligible but the card
+policy refuses every choice, the reason is ``NUMA_UNSATISFIED`` under ``numa_bind`` (no NUMA node
+has enough, tried in ascending id) and ``INSUFFICIENT_GPU_COUNT`` otherwise. The code:
 
 * ``UNRESOLVABLE`` when the pod would not fit the same node even with all usage removed (and the
   namespace quota emptied): wrong type/UUID/NUMA/mode, unhealthy or cordoned cards, fewer cards
