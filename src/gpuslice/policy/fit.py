@@ -24,7 +24,6 @@ The second attempt on the emptied node runs only for failures, so it costs nothi
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import NamedTuple
 
 from gpuslice.model import allocations, nodes, requests, status
@@ -136,7 +135,7 @@ def _fit_container(
     exclusive = req.exclusive
     cordoned = inv.cordoned
     eligible: list[int] = []
-    rejected: Counter[str] = Counter()
+    rejected: dict[str, int] = {}
     fixed = (
         req.memory_mib
         if req.memory_mib > 0 or req.memory_percentage == requests.MEMORY_PERCENTAGE_UNSET
@@ -156,7 +155,7 @@ def _fit_container(
         if reason is None:
             eligible.append(i)
         else:
-            rejected[reason] += 1
+            rejected[reason] = rejected.get(reason, 0) + 1
     if len(eligible) < req.count:
         return _dominant(rejected)
     chosen = _choose(state, req, sel, policy, ctx, tuple(eligible))
@@ -199,7 +198,7 @@ def _checked(
 ) -> tuple[int, ...] | None:
     if got is None:
         return None
-    if len(got) != req.count or len(set(got)) != len(got) or not set(got) <= set(eligible):
+    if len(got) != req.count or len(set(got)) != len(got) or not set(got).issubset(eligible):
         raise ValueError(f"card policy returned {got} for {req.count} of {eligible}")
     return got
 
@@ -220,11 +219,11 @@ def _take(state: nodes.NodeState, grants: allocations.ContainerAllocation) -> no
     )
 
 
-def _sorted(counts: Counter[str]) -> CardReasons:
+def _sorted(counts: dict[str, int]) -> CardReasons:
     return tuple(sorted(((r, n) for r, n in counts.items() if n > 0), key=lambda rn: _ORDER[rn[0]]))
 
 
-def _dominant(rejected: Counter[str]) -> _Fail:
+def _dominant(rejected: dict[str, int]) -> _Fail:
     """The most frequent card reason(s), ties all kept, in ``ALL_REASONS`` order."""
     ordered = _sorted(rejected)
     top = max(n for _, n in ordered)
