@@ -146,6 +146,14 @@ def _pod(k: int) -> dict[str, Any]:
     }
 
 
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback URL we built
+        text: str = resp.read().decode()
+    return text
+
+
 def _rss_mb(pid: int) -> float:
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -344,7 +352,21 @@ def throughput(pods: int, nodes: int) -> dict[str, Any]:
         b = results["kube_scheduler_with_gpuslice"]["pods_per_s"]
         results["ratio_with_over_alone"] = round(b / a, 3) if a else None
         results["target_ratio"] = 0.6
-        results["gpuslice_log_tail"] = ext.tail(5)
+        text = _get(ext.url + "/metrics")
+        results["gpuslice_server_side_handler_mean_ms"] = _server_side(text)
+        results["gpuslice_counters"] = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(
+                ("gpuslice_bind_total", "gpuslice_bind_node_lock_waits_total", "gpuslice_api_errors_total")
+            )
+        }
+        sched_log = (cp.workdir / "kube-scheduler.log").read_text(errors="replace")
+        results["kube_scheduler_log_counts"] = {
+            k: sched_log.count(k)
+            for k in ("FailedScheduling", "Error scheduling pod", "failed bind", "Unschedulable")
+        }
+        results["load_average_1m"] = round(os.getloadavg()[0], 2)
         return results
     finally:
         if ext is not None:

@@ -210,7 +210,9 @@ class NodeSimThread:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
-        kube = kclient.KubeClient.from_kubeconfig(self.kubeconfig)
+        kube = kclient.KubeClient.from_kubeconfig(
+            self.kubeconfig, qps=1000, burst=1000
+        )  # a simulator: no throttle
         try:
             for name, spec in self.nodes.items():
                 await nodesim.make_node(kube, name, **spec)

@@ -176,18 +176,14 @@ def create_app(deps: Deps) -> Starlette:
             deps.flow.remember(pod)
             if pod.uid and outcome.scores:
                 score_memo.put(pod.uid, (snap.nodes, outcome.scores))
-            kind, reason = (
-                ("Normal", "FilteringSucceed") if outcome.feasible else ("Warning", "FilteringFailed")
-            )
-            deps.events.record(
-                meta.namespace,
-                meta.name,
-                meta.uid,
-                kind,
-                reason,
-                "Filter",
-                "Filter: " + scheduling.summary(outcome),
-            )
+            summary = "Filter: " + scheduling.summary(outcome)
+            if outcome.feasible:
+                # Reported with the bind event (one API write per scheduled pod, not two).
+                deps.flow.remember_filter(pod.uid, summary)
+            else:
+                deps.events.record(
+                    meta.namespace, meta.name, meta.uid, "Warning", "FilteringFailed", "Filter", summary
+                )
         for reason, n in outcome.reasons.items():
             m.filter_nodes.labels(reason).inc(n)
         log.v(2, "filter", pod=args.pod.key, summary=scheduling.summary(outcome))

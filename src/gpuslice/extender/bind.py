@@ -87,14 +87,21 @@ class BindFlow:
     lock_wait_s: float = 3.0
     _pods: Memo = dataclasses.field(default_factory=Memo)
     _scores: Memo = dataclasses.field(default_factory=Memo)
+    _filters: Memo = dataclasses.field(default_factory=Memo)
     _done: Memo = dataclasses.field(default_factory=Memo)
     _locks: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
     _lock_freed: dict[str, asyncio.Event] = dataclasses.field(default_factory=dict)
+    _lock_held: dict[str, bool] = dataclasses.field(default_factory=dict)
 
     def remember(self, pod: requests.PodRequest) -> None:
         """Keep a filtered pod's request for its bind (the bind args carry only names)."""
         if pod.uid:
             self._pods.put(pod.uid, pod)
+
+    def remember_filter(self, uid: str, summary: str) -> None:
+        """Keep the filter summary of a pod for its bind event."""
+        if uid:
+            self._filters.put(uid, summary)
 
     def remember_scores(self, uid: str, scores: Mapping[str, int]) -> None:
         """Keep the best prioritize scores for the bind event."""
@@ -239,27 +246,33 @@ class BindFlow:
         """Take the node lock, waiting up to ``lock_wait_s`` while another pod's Allocate holds it.
 
         HAMi fails the bind at once on contention, which sends the pod into kube-scheduler's
-        backoff; waiting keeps binds to one node flowing. The retry is woken by the node watch
-        (``node_lock_changed``) as soon as the lock annotation goes away, with a short poll as a
-        fallback.
+        backoff; waiting keeps binds to one node flowing. While the node watch says the lock is
+        held, the retry waits for the watch to see it released (``node_lock_changed``), polling
+        the API at most every 0.5 s, so waiting binds do not eat the client's request budget.
         """
         deadline = self.clock() + self.lock_wait_s
         while True:
             freed = self._lock_freed.setdefault(node, asyncio.Event())
             freed.clear()
+            left = deadline - self.clock()
+            if self._lock_held.get(node) and left > 0:
+                # The watch says another pod holds it: wait for the release without polling the API.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(freed.wait(), min(left, 0.5))
             try:
                 await self.binder.lock_node(node, ns, name)
+                self._lock_held[node] = True
                 return
             except binders.BindFailure as err:
                 left = deadline - self.clock()
                 if err.reason != "NodeLockContention" or left <= 0:
                     raise
                 self.metrics.lock_waits.inc()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(freed.wait(), min(left, 0.1))
+                self._lock_held[node] = True
 
     def node_lock_changed(self, node: str, held: bool) -> None:
         """The node watch saw the HAMi lock annotation set (held) or removed; wake waiting binds."""
+        self._lock_held[node] = held
         if not held and (event := self._lock_freed.get(node)) is not None:
             event.set()
 
@@ -273,7 +286,8 @@ class BindFlow:
         self.metrics.binds.labels("bound").inc()
         top = self._scores.pop(uid, None) if uid else None
         scores = ", ".join(f"{n}={wire.to_extender_score(s)}" for n, s in top) if top else "n/a"
-        note = f"Bound to {node}; top scores: {scores}; Device: {describe(alloc)}"
+        summary = self._filters.pop(uid, None) if uid else None
+        note = f"{summary or 'Filter: n/a'}; bound to {node}; top scores: {scores}; Device: {describe(alloc)}"
         self.events.record(ns, name, uid, "Normal", "GPUAllocated", "Binding", note[:1024])
         self.log.v(2, "bound", pod=key, node=node, devices=describe(alloc))
         return ""

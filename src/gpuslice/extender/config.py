@@ -43,7 +43,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         default_cores: cores when gpucores is absent; 0 = no SM limit.
         resync_period_s: full relist period of the informers (0 = never).
         watch_timeout_s: server-side timeout of each watch request.
-        qps: client-side request rate limit to the apiserver.
+        qps: client-side request rate limit to the apiserver (a bind costs about four requests,
+            so 200 allows some 50 binds per second).
         burst: client-side burst above ``qps``.
         listen: ``host:port`` to serve on.
         tls_cert: serving certificate file (PEM); HTTPS when set together with ``tls_key``.
@@ -67,8 +68,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     default_cores: int = 0
     resync_period_s: float = 300.0
     watch_timeout_s: int = 290
-    qps: float = 50.0
-    burst: int = 100
+    qps: float = 200.0
+    burst: int = 400
     listen: str = "127.0.0.1:8888"
     tls_cert: str = ""
     tls_key: str = ""

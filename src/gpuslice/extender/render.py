@@ -20,7 +20,7 @@ from gpuslice.model import config as model_config
 
 DEFAULT_URL = "http://127.0.0.1:8888"
 DEFAULT_SCHEDULER_NAME = "gpuslice-scheduler"
-DEFAULT_HTTP_TIMEOUT = "5s"
+DEFAULT_HTTP_TIMEOUT = "30s"
 
 
 _DEFAULT_NAMES = model_config.ResourceNames()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuslice.extender import app as apps
@@ -72,6 +72,7 @@ class FakeBinder:
         self.locks: dict[str, str] = {}
         self.bound: dict[str, str] = {}
         self.plugin_releases_lock = False
+        self.on_release: Callable[[str, bool], None] | None = None
 
     async def _step(self, op: str, *args: str) -> None:
         self.calls.append((op, *args))
@@ -95,6 +96,8 @@ class FakeBinder:
         await self._step("unlock", node, namespace, name)
         if self.locks.get(node) == f"{namespace}/{name}":
             del self.locks[node]
+            if self.on_release is not None:
+                self.on_release(node, False)
 
     async def annotate(
         self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]
@@ -112,6 +115,8 @@ class FakeBinder:
         self.bound[f"{namespace}/{name}"] = node
         if self.plugin_releases_lock:  # the device plugin's Allocate, instantly
             self.locks.pop(node, None)
+            if self.on_release is not None:
+                self.on_release(node, False)
 
 
 class RecordedEvents:
@@ -135,9 +140,10 @@ def make_deps(
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
     policies = scheduling.Policies.build(settings.node_policy, settings.card_policy)
     events = RecordedEvents()
+    binder = binder or FakeBinder()
     flow = binds.BindFlow(
         cache=cache,
-        binder=binder or FakeBinder(),
+        binder=binder,
         policies=policies,
         request_config=settings.request_config,
         clock=lambda: 1_700_000_000.0,
@@ -145,6 +151,7 @@ def make_deps(
         metrics=m,
         events=events,
     )
+    binder.on_release = flow.node_lock_changed
     return apps.Deps(
         settings=settings,
         cache=cache,

@@ -290,16 +290,26 @@ def test_readyz_is_503_until_synced(cache: fakes.FakeCache) -> None:
         assert c.get("/readyz").status_code == 503
 
 
-def test_filter_event_summarizes_reasons(cache: fakes.FakeCache) -> None:
+def test_events_summarize_filter_and_bind(cache: fakes.FakeCache) -> None:
     deps = fakes.make_deps(cache)
     with TestClient(apps.create_app(deps)) as c:
-        c.post("/filter", json=_args(fakes.gpu_pod("p", mem=8000), ["n-free", "n-full", "ghost"]))
+        c.post("/filter", json=_args(fakes.gpu_pod("p", mem=8000, cores=30), ["n-free", "n-full", "ghost"]))
+        c.post("/prioritize", json=_args(fakes.gpu_pod("p", mem=8000, cores=30), ["n-free"]))
+        c.post("/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-free"})
+        c.post("/filter", json=_args(fakes.gpu_pod("big", gpu=2), ["n-free", "ghost"]))
     assert isinstance(deps.events, fakes.RecordedEvents)
-    assert deps.events.events[-1] == (
-        "default/p",
-        "Normal",
-        "FilteringSucceed",
-        "Filter: 1/3 nodes feasible, 1 InsufficientGPUMemory, 1 NodeUnregistered",
+    bound, failed = deps.events.events
+    # binpack: usage after placement 0.5 * 8000/81920 + 0.5 * 30/100 = 0.199 -> 20/100 -> 2/10 on the wire.
+    assert bound[:3] == ("default/p", "Normal", "GPUAllocated")
+    assert bound[3] == (
+        "Filter: 1/3 nodes feasible, 1 InsufficientGPUMemory, 1 NodeUnregistered; bound to n-free; "
+        "top scores: n-free=2; Device: GPU-n-free-0 (8000MB/30cores)"
+    )
+    assert failed == (
+        "default/big",
+        "Warning",
+        "FilteringFailed",
+        "Filter: 0/2 nodes feasible, 1 InsufficientGPUCount, 1 NodeUnregistered",
     )
 
 
