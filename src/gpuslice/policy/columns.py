@@ -11,7 +11,8 @@ Three arrays, laid out for one gather per request:
   first reason in ``cards`` order: ``ABSENT``, ``UNHEALTHY``, ``CORDONED``, ``SLOTS_FULL``,
   ``HELD`` (held exclusively); then free memory, free cores, total memory, total cores, and
   ``idle_ok`` (1 when the card would be usable with no usage: healthy, uncordoned, split > 0).
-* ``nodes`` (rows, ``len(ROW_FIELDS)``) int64: per-node sums and host resources.
+* ``nodes`` (rows, ``len(ROW_FIELDS)``) int64: per-node sums, host resources, and the node's
+  card-pair tables as an index into ``links`` (``linktables``; nodes with equal tables share one).
 
 ``ColumnsBuilder`` is the mutable side (the cache rewrites rows as nodes change); ``freeze`` hands
 out an immutable ``NodeColumns`` with read-only copies.
@@ -29,6 +30,7 @@ import numpy.typing as npt
 
 from gpuslice.model import nodes
 from gpuslice.policy import cards as card_checks
+from gpuslice.policy import linktables
 
 IntArray = npt.NDArray[np.int64]
 Int32Array = npt.NDArray[np.int32]
@@ -57,6 +59,7 @@ ROW_FIELDS = (
     "cpu_used",
     "hmem_total",
     "hmem_used",
+    "links_id",
 )
 FREE, SHARED = 0, 1
 ABSENT, UNHEALTHY, CORDONED, SLOTS_FULL, HELD = 10, 11, 12, 13, 14
@@ -76,6 +79,7 @@ class NodeColumns:
     nodes: IntArray
     types: tuple[str, ...]
     modes: tuple[str, ...]
+    links: tuple[linktables.LinkTables, ...]
     _rows: dict[str, int] = dataclasses.field(repr=False, compare=False)
 
     def card(self, field: str) -> Int32Array:
@@ -106,6 +110,7 @@ class ColumnsBuilder:
         self._free: list[int] = []
         self._types: dict[str, int] = {}
         self._modes: dict[str, int] = {}
+        self._links: dict[linktables.LinkTables, int] = {}
         self._frozen_rows: dict[str, int] | None = None
         self._cards = np.zeros((rows, cards, len(CARD_FIELDS)), np.int32)
         self._cards[:, :, _C["card_state"]] = CARD_ABSENT
@@ -186,6 +191,7 @@ class ColumnsBuilder:
             state.cpu_used_milli,
             state.inventory.memory_mib,
             state.memory_used_mib,
+            self._links.setdefault(linktables.of(state.inventory), len(self._links)),
         )
 
     def _clear(self, row: int) -> None:
@@ -219,6 +225,7 @@ class ColumnsBuilder:
             nodes=n,
             types=tuple(self._types),
             modes=tuple(self._modes),
+            links=tuple(self._links),
             _rows=rows,
         )
 

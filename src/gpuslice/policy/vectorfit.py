@@ -13,6 +13,7 @@ node-level kind (4 bits), then the 'fits the emptied node' bit (UNSCHEDULABLE vs
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -87,16 +88,19 @@ def _percentage(req: requests.ContainerRequest) -> bool:
     return not (req.memory_mib > 0 or req.memory_percentage == requests.MEMORY_PERCENTAGE_UNSET)
 
 
-def judge(
-    cols: columns.NodeColumns,
-    rows: IntArray,
-    pod: requests.PodRequest,
-    req: requests.ContainerRequest,
-    quota: quotas.QuotaView | None,
-) -> tuple[np.ndarray, IntArray]:
-    """Feasibility of the rows, and for infeasible rows the packed outcome key (0 elsewhere)."""
+class _Masks(NamedTuple):
+    hot: np.ndarray
+    ok: np.ndarray
+    static_ok: np.ndarray | None
+    numa_ok: np.ndarray | None
+    mem: np.ndarray | int
+
+
+def _masks(
+    cols: columns.NodeColumns, rows: IntArray, pod: requests.PodRequest, req: requests.ContainerRequest
+) -> _Masks:
+    """Per-card eligibility (before quota) and the selector masks it used."""
     hot = cols.hot[rows]
-    node = cols.nodes[rows]
     flag, free_mem, free_cores = hot[:, :, 0], hot[:, :, 1], hot[:, :, 2]
     pct = _percentage(req)
     mem: np.ndarray | int = (
@@ -120,6 +124,27 @@ def judge(
         if sel.numa_node is not None:
             numa_ok = c[:, :, _NUMA_F] == sel.numa_node
             ok &= numa_ok
+    return _Masks(hot, ok, static_ok, numa_ok, mem)
+
+
+def eligible_cards(
+    cols: columns.NodeColumns, rows: IntArray, pod: requests.PodRequest, req: requests.ContainerRequest
+) -> np.ndarray:
+    """(rows, K) True where ``fit`` would find the card eligible for ``req`` (quota aside)."""
+    return _masks(cols, rows, pod, req).ok
+
+
+def judge(
+    cols: columns.NodeColumns,
+    rows: IntArray,
+    pod: requests.PodRequest,
+    req: requests.ContainerRequest,
+    quota: quotas.QuotaView | None,
+) -> tuple[np.ndarray, IntArray]:
+    """Feasibility of the rows, and for infeasible rows the packed outcome key (0 elsewhere)."""
+    hot, ok, static_ok, numa_ok, mem = _masks(cols, rows, pod, req)
+    node = cols.nodes[rows]
+    cores = req.cores_clamped
     q = quota if quota is not None and not quota.unlimited else None
     quota_ok = q is None or q.admits(req.count, req.count * int(mem), req.count * cores)
     if not quota_ok:
