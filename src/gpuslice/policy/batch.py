@@ -10,7 +10,7 @@ for the chosen node still comes from ``fit.place`` (which asks the card policy),
 that refuses a choice on an otherwise feasible node is caught there (``choose`` moves on).
 
 Node scores are vectorised for policies with a ``score_columns(cols, rows, pod)`` method (binpack,
-spread), and computed per feasible node otherwise.
+spread, the topology-aware family), and computed per feasible node otherwise.
 """
 
 from __future__ import annotations
