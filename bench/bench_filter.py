@@ -181,7 +181,7 @@ def main() -> None:
         "policy": "binpack (topology-aware for the topology row)",
         "filter_score_batch_ms": {
             label: {
-                "reps": args.reps,
+                "reps": len(t),
                 "p50": pct(t, 50),
                 "p99": pct(t, 99),
                 "max": max(t),
