@@ -116,3 +116,23 @@ def test_columns_builder_reuses_rows_and_grows() -> None:
     assert frozen.node("ncards")[frozen.row_of["a"]] == 1  # the old view is unchanged
     with pytest.raises(ValueError):
         after.card("used_mem")[0, 0] = 1
+
+
+@pytest.mark.parametrize("cards", [16, 40], ids=["16-cards", "40-cards-exact-path"])
+def test_wide_nodes(cards: int) -> None:
+    # a wide node next to a small one; 40 cards exceed vectorfit.MAX_CARDS and take the exact path
+    big = node("big").gpus(cards, memory=1000)
+    for i in range(cards - 1):
+        big.used(i, memory=900)
+    states = {"big": big.state(), "small": node("small").gpus(2, memory=1000).used(0, memory=1000).state()}
+    cols = columns.build(states)
+    bp = registry.get("binpack")
+    req = pod().gpu(2, memory=500).obj()
+    ev = batch.evaluate(states, cols, ["big", "small"], req, bp, bp)
+    for i, name in enumerate(ev.names):
+        p = fit.place(states[name], req, bp)
+        assert bool(ev.feasible[i]) == p.status.ok
+        if not p.status.ok:
+            assert ev.failures[name] == (p.status, p.card_reasons)
+    # big: cards - 1 cards have 100 free < 500 -> only one eligible card of the 2 asked
+    assert ev.failures["big"][1] == ((status.INSUFFICIENT_GPU_MEMORY, cards - 1),)
