@@ -85,6 +85,9 @@ class _NoBinder:
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         return None
 
+    async def touch_node(self, node: str, annotations: Any) -> None:
+        return None
+
 
 def serve_memory(port: int, pods: int, seed: int) -> None:
     """The benchmark server: the real app on an in-memory cache (no apiserver)."""

@@ -41,6 +41,10 @@ def test_whole_gpu(e2e_cluster: Cluster) -> None:
     # A bare nvidia.com/gpu is a whole, exclusive card: all its memory, 100 cores.
     card = next(d for d in inventory(pod["spec"]["nodeName"]) if d.uuid == uuid)
     assert (mem, cores) == (card.memory_mib, 100)
+    # gpuslice's own event (events.k8s.io, read back through the core view).
+    event = e2e_cluster.wait_event(ns, "whole", "GPUAllocated")
+    assert f"Device: {uuid} ({card.memory_mib}MB/100cores)" in event["message"]
+    assert "nodes feasible" in event["message"] and pod["spec"]["nodeName"] in event["message"]
     e2e_cluster.delete_pod(ns, "whole")
 
 

@@ -177,6 +177,7 @@ def create_app(deps: Deps) -> Starlette:
             if pod.uid and outcome.scores:
                 score_memo.put(pod.uid, (snap.nodes, outcome.scores))
             summary = "Filter: " + scheduling.summary(outcome)
+            deps.flow.mark_unschedulable(pod.uid, pod.wants_gpu and not outcome.feasible)
             if outcome.feasible:
                 # Reported with the bind event (one API write per scheduled pod, not two).
                 deps.flow.remember_filter(pod.uid, summary)

@@ -29,6 +29,10 @@ from gpuslice.model import config as model_config
 from gpuslice.policy import fit
 
 _MEMO_SIZE = 20_000
+CAPACITY_FREED = "gpuslice.io/capacity-freed"
+"""Node annotation touched when GPU capacity frees while pods wait: kube-scheduler retries them."""
+_PENDING_WINDOW_S = 600.0
+_NUDGE_PERIOD_S = 1.0
 MiB = 1 << 20
 
 
@@ -92,11 +96,50 @@ class BindFlow:
     _locks: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
     _lock_freed: dict[str, asyncio.Event] = dataclasses.field(default_factory=dict)
     _lock_held: dict[str, bool] = dataclasses.field(default_factory=dict)
+    _unschedulable: Memo = dataclasses.field(default_factory=Memo)
+    _nudged: dict[str, float] = dataclasses.field(default_factory=dict)
+    _tasks: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
 
     def remember(self, pod: requests.PodRequest) -> None:
         """Keep a filtered pod's request for its bind (the bind args carry only names)."""
         if pod.uid:
             self._pods.put(pod.uid, pod)
+
+    def mark_unschedulable(self, uid: str, unschedulable: bool) -> None:
+        """Track pods our filter left without a node (they wait for capacity)."""
+        if not uid:
+            return
+        if unschedulable:
+            self._unschedulable.put(uid, self.clock())
+        else:
+            self._unschedulable.pop(uid, None)
+
+    def capacity_freed(self, node: str) -> None:
+        """A pod holding GPUs on ``node`` went away: if pods wait, make kube-scheduler retry them.
+
+        kube-scheduler retries pods an extender rejected on any cluster event, but the event that
+        frees capacity (the pod's deletion) may reach it before it reaches our cache, leaving the
+        pod pending until the next unrelated event. Touching an annotation of the node once our
+        cache has the capacity back is such an event (HAMi has no requeue signal at all).
+        """
+        if not self._unschedulable:
+            return
+        now = self.clock()
+        latest: float = next(reversed(self._unschedulable.values()))
+        if now - latest > _PENDING_WINDOW_S or now - self._nudged.get(node, 0.0) < _NUDGE_PERIOD_S:
+            return
+        self._nudged[node] = now
+        task = asyncio.ensure_future(self._touch(node, now))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _touch(self, node: str, now: float) -> None:
+        try:
+            await self.binder.touch_node(node, {CAPACITY_FREED: f"{now:.3f}"})
+            self.metrics.requeue_nudges.inc()
+        except binders.BindFailure as err:
+            self.metrics.api_errors.labels("touch").inc()
+            self.log.v(2, "cannot touch node", node=node, err=str(err))
 
     def remember_filter(self, uid: str, summary: str) -> None:
         """Keep the filter summary of a pod for its bind event."""
@@ -283,6 +326,7 @@ class BindFlow:
         if uid:
             self._done.put(uid, node)
             self._pods.pop(uid, None)
+            self._unschedulable.pop(uid, None)
         self.metrics.binds.labels("bound").inc()
         top = self._scores.pop(uid, None) if uid else None
         scores = ", ".join(f"{n}={wire.to_extender_score(s)}" for n, s in top) if top else "n/a"

@@ -57,6 +57,10 @@ class Binder(Protocol):
         """POST the Binding; a repeat to the same node succeeds."""
         ...
 
+    async def touch_node(self, node: str, annotations: Mapping[str, str]) -> None:
+        """Merge-patch node annotations (used to make kube-scheduler retry pending pods)."""
+        ...
+
 
 def _failure(operation: str, err: Exception) -> BindFailure:
     reason = getattr(err, "reason", "") or type(err).__name__
@@ -118,3 +122,13 @@ class KubeBinder:
             await binding.bind(self._kube, namespace, name, uid, node)
         except kerrors.ApiError as err:
             raise _failure("bind", err) from err
+
+    async def touch_node(self, node: str, annotations: Mapping[str, str]) -> None:
+        """Merge-patch the node's annotations."""
+        body = {"metadata": {"annotations": dict(annotations)}}
+        try:
+            await self._kube.request(
+                "PATCH", f"/api/v1/nodes/{node}", body=body, content_type=kclient.MERGE_PATCH
+            )
+        except kerrors.ApiError as err:
+            raise _failure("touch", err) from err

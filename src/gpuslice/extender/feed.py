@@ -56,6 +56,7 @@ class Feed:
         metrics_: where watch restarts and sync state are counted.
         on_node_lock: told (node, held) on every node event, so binds waiting for HAMi's node
             lock retry as soon as it is released.
+        on_capacity_freed: told the node when a pod holding GPUs there is gone.
     """
 
     def __init__(
@@ -66,9 +67,11 @@ class Feed:
         log: logs.Log,
         metrics_: metrics.Metrics,
         on_node_lock: Callable[[str, bool], None] | None = None,
+        on_capacity_freed: Callable[[str], None] | None = None,
     ) -> None:
         self.cache = cache
         self.on_node_lock = on_node_lock
+        self.on_capacity_freed = on_capacity_freed
         self.settings = settings
         self.log = log
         self.metrics = metrics_
@@ -124,7 +127,11 @@ class Feed:
             return
         key = f"{pod.metadata.namespace}/{pod.metadata.name}"
         if event.type is informer.EventType.DELETED or pod.terminated:
+            held = self.cache.pod_state(key) is not None
             self.cache.remove_pod(key)
+            node = pod.spec.node_name or pod.metadata.annotations.get(keys.VGPU_NODE, "")
+            if held and node and self.on_capacity_freed is not None:
+                self.on_capacity_freed(node)
             return
         if not pod.spec.node_name and self.cache.pod_state(key) is None:
             return

@@ -106,6 +106,11 @@ class Metrics:
             "Retries of a node lock held by another pod's Allocate",
             registry=r,
         )
+        self.requeue_nudges = Counter(
+            "gpuslice_requeue_nudges_total",
+            "Node annotation touches that make kube-scheduler retry pods waiting for GPU capacity",
+            registry=r,
+        )
         self.api_errors = Counter(
             "gpuslice_api_errors_total",
             "Kubernetes API call failures on the bind path",

@@ -52,7 +52,15 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         events=events,
         lock_wait_s=settings.lock_wait_s,
     )
-    source = feed.Feed(kube, cache, settings, log, m, on_node_lock=flow.node_lock_changed)
+    source = feed.Feed(
+        kube,
+        cache,
+        settings,
+        log,
+        m,
+        on_node_lock=flow.node_lock_changed,
+        on_capacity_freed=flow.capacity_freed,
+    )
 
     @contextlib.asynccontextmanager
     async def kube_client() -> AsyncIterator[object]:

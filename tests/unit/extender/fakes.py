@@ -73,6 +73,7 @@ class FakeBinder:
         self.bound: dict[str, str] = {}
         self.plugin_releases_lock = False
         self.on_release: Callable[[str, bool], None] | None = None
+        self.touched: list[tuple[str, dict[str, str]]] = []
 
     async def _step(self, op: str, *args: str) -> None:
         self.calls.append((op, *args))
@@ -109,6 +110,10 @@ class FakeBinder:
                 current.pop(k, None)
             else:
                 current[k] = v
+
+    async def touch_node(self, node: str, annotations: Mapping[str, str]) -> None:
+        await self._step("touch", node)
+        self.touched.append((node, dict(annotations)))
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         await self._step("bind", namespace, name, node)

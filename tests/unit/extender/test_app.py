@@ -354,3 +354,28 @@ def test_bind_waits_for_a_node_lock_held_by_another_pods_allocate(cache: fakes.F
     err = asyncio.run(deps.flow.bind(wire.ExtenderBindingArgs("q", "default", "uid-q", "n-free")))
     assert err.startswith("lock failed")
     assert "default/q" not in cache.pods
+
+
+def test_capacity_freed_nudges_kube_scheduler_only_while_pods_wait(cache: fakes.FakeCache) -> None:
+    import asyncio
+
+    binder = fakes.FakeBinder()
+    deps = fakes.make_deps(cache, binder)
+    with TestClient(apps.create_app(deps)) as c:
+        c.post("/filter", json=_args(fakes.gpu_pod("ok", mem=1000), ["n-free"]))
+    flow = deps.flow
+
+    async def freed() -> None:
+        flow.capacity_freed("n-free")
+        await asyncio.sleep(0.01)
+
+    asyncio.run(freed())
+    assert binder.touched == []  # nobody waits
+    flow.mark_unschedulable("uid-big", True)
+    asyncio.run(freed())
+    asyncio.run(freed())  # within the 1 s period: one touch per node
+    assert [n for n, _ in binder.touched] == ["n-free"]
+    assert "gpuslice.io/capacity-freed" in binder.touched[0][1]
+    flow.mark_unschedulable("uid-big", False)
+    flow.capacity_freed("n-two")
+    assert [n for n, _ in binder.touched] == ["n-free"]
