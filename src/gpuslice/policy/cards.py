@@ -40,7 +40,7 @@ def static_reason(
     if selectors is not requests.NO_SELECTORS:
         if (selectors.use_types or selectors.nouse_types) and not type_matches(dev.type, selectors):
             return status.DEVICE_TYPE_MISMATCH
-        if selectors.mode is not None and selectors.mode != dev.mode:
+        if not mode_matches(dev.mode, selectors.mode):
             return status.DEVICE_TYPE_MISMATCH
         if (selectors.use_uuids and dev.uuid not in selectors.use_uuids) or dev.uuid in selectors.nouse_uuids:
             return status.UUID_FILTERED
@@ -81,3 +81,12 @@ def admits(
     if usage.slots + add.slots > dev.split_count:
         return status.GPU_SLOTS_EXHAUSTED
     return capacity_reason(dev, usage, add.memory_mib, add.cores, exclusive)
+
+
+def mode_matches(card_mode: str, wanted: str | None) -> bool:
+    """Whether a card's mode satisfies ``nvidia.com/vgpu-mode``.
+
+    HAMi checks that the annotation value contains the card's mode, so ``"hami-core,mig"`` accepts
+    either; None (no annotation) accepts every mode.
+    """
+    return wanted is None or card_mode in wanted

@@ -117,7 +117,7 @@ def _masks(
         if sel.use_types or sel.nouse_types or sel.mode is not None:
             allowed_types = np.array([cards.type_matches(t, sel) for t in cols.types] or [True], np.bool_)
             allowed_modes = np.array(
-                [sel.mode is None or sel.mode == m for m in cols.modes] or [True], np.bool_
+                [cards.mode_matches(m, sel.mode) for m in cols.modes] or [True], np.bool_
             )
             static_ok = allowed_types[c[:, :, _TYPE_ID]] & allowed_modes[c[:, :, _MODE_ID]]
             ok &= static_ok
