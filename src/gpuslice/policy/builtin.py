@@ -5,3 +5,4 @@ from gpuslice.policy import paper  # noqa: F401
 from gpuslice.policy import fragmentation  # noqa: F401
 from gpuslice.policy import topology  # noqa: F401
 from gpuslice.policy import balanced  # noqa: F401
+from gpuslice.policy import lookahead  # noqa: F401
