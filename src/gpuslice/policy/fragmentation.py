@@ -20,6 +20,39 @@ from gpuslice.policy import registry, shares
 
 FreeCards = tuple[int, ...]
 
+COVERAGE = 0.95
+"""FGD keeps the most popular shapes until they cover this share of pods."""
+
+
+def top_pairs(
+    pairs: list[tuple[registry.Shape, float]], coverage: float = COVERAGE
+) -> list[tuple[registry.Shape, float]]:
+    """The most popular (shape, weight) pairs covering ``coverage`` of the total weight.
+
+    Ties in popularity are ordered by (count, share, CPU, types), so the cut is deterministic.
+    """
+    ranked = sorted(
+        pairs, key=lambda sp: (-sp[1], sp[0].count, sp[0].share_milli, sp[0].cpu_milli, sp[0].types)
+    )
+    total = sum(p for _, p in pairs)
+    kept: list[tuple[registry.Shape, float]] = []
+    covered = 0.0
+    for s, p in ranked:
+        if kept and covered >= coverage * total - 1e-9 * total:
+            break
+        kept.append((s, p))
+        covered += p
+    return kept
+
+
+def top_shapes(workload: registry.Workload, coverage: float = COVERAGE) -> registry.Workload:
+    """FGD's target workload M: the top shapes of a histogram covering ``coverage``, renormalized."""
+    kept = top_pairs(list(zip(workload.shapes, workload.weights, strict=True)), coverage)
+    norm = sum(p for _, p in kept)
+    if norm <= 0:
+        return workload
+    return registry.Workload(tuple(s for s, _ in kept), tuple(p / norm for _, p in kept))
+
 
 def sigmoid_score(delta: float) -> int:
     """``int(100 * sigmoid(delta / 1000))``: FGD's node score for a fragmentation decrease ``delta``."""
@@ -128,21 +161,31 @@ def fgd_choice(
 
 
 class FGD:
-    """The FGD policy; the target workload comes from ``ctx.workload`` (the pod itself if absent)."""
+    """The FGD policy.
+
+    ``ctx.workload`` is the observed shape histogram (the pod itself if absent); FGD measures
+    against its most popular shapes covering 95 % of pods (``top_shapes``).
+    """
 
     name = "fgd"
 
     def __init__(self) -> None:
+        self._source: registry.Workload | None = None
         self._frag: Fragmentation | None = None
 
     def fragmentation(self, ctx: registry.Context, d: shares.Demand) -> Fragmentation:
         """The memoized measure for the context's workload (rebuilt when the workload changes)."""
         workload = ctx.workload or registry.Workload((shares.shape_of(d),), (1.0,))
         cached = self._frag
-        if cached is not None and (cached.workload is workload or cached.workload == workload):
+        if cached is not None and (self._source is workload or self._source == workload):
             return cached
-        self._frag = Fragmentation(workload)
+        self._source = workload
+        self._frag = self.measure_for(workload)
         return self._frag
+
+    def measure_for(self, workload: registry.Workload) -> Fragmentation:
+        """The memoized measure for a workload histogram (FGD: its top shapes)."""
+        return Fragmentation(top_shapes(workload))
 
     def score_node(
         self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context

@@ -76,7 +76,7 @@ def run_job(job: Job) -> Result:
     """Load the trace, build the seed's arrivals and run the policy."""
     inventories = trace.load_nodes(job.nodes)
     w = workload.sorted_by_name(trace.load_pods(job.pods))
-    target = workload.target_workload(w)
+    target = workload.histogram(w)
     capacity = sum(len(inv.devices) for inv in inventories) * trace.FULL
     arr = workload.arrivals(w, len(inventories), capacity, job.seed, job.tune)
     ranked = [inventories[i] for i in arr.node_order.tolist()]

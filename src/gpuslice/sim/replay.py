@@ -185,7 +185,7 @@ def run_job(job: ReplayJob) -> ReplayResult:
     rank = np.random.default_rng(job.seed).permutation(len(inventories))
     ranked = [inventories[i] for i in np.argsort(rank, kind="stable").tolist()]
     ctx = registry.Context(
-        workload=workload.target_workload(workload.sorted_by_name(pods)),
+        workload=workload.histogram(pods),
         rng=np.random.default_rng([job.seed, 1]),
     )
     t0 = time.perf_counter()

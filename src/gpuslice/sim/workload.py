@@ -8,11 +8,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpuslice.policy import registry
+from gpuslice.policy import fragmentation, registry
 from gpuslice.sim import trace
 
-COVERAGE = 0.95
-"""FGD keeps the most popular shapes until they cover this share of pods."""
+COVERAGE = fragmentation.COVERAGE
 
 
 def sorted_by_name(pods: Sequence[trace.TracePod]) -> list[trace.TracePod]:
@@ -27,26 +26,22 @@ def shape_counts(pods: Sequence[trace.TracePod]) -> Counter[registry.Shape]:
     )
 
 
-def target_workload(pods: Sequence[trace.TracePod], coverage: float = COVERAGE) -> registry.Workload:
-    """FGD's M: the most popular shapes by pod count covering ``coverage`` of pods, renormalized.
+def histogram(pods: Sequence[trace.TracePod]) -> registry.Workload:
+    """All shapes of the pods with their frequencies (most popular first).
 
-    Ties in popularity are ordered by the shape itself, so M is deterministic.
+    This is what a policy gets as ``ctx.workload``; FGD cuts it to its target workload M itself.
     """
     counts = shape_counts(pods)
+    total = sum(counts.values())
     ranked = sorted(
         counts.items(), key=lambda kv: (-kv[1], kv[0].count, kv[0].share_milli, kv[0].cpu_milli, kv[0].types)
     )
-    total = sum(counts.values())
-    kept: list[tuple[registry.Shape, int]] = []
-    covered = 0
-    for shape, n in ranked:
-        if total and covered >= coverage * total:
-            break
-        kept.append((shape, n))
-        covered += n
-    if not kept:
-        return registry.Workload((), ())
-    return registry.Workload(tuple(s for s, _ in kept), tuple(n / covered for _, n in kept))
+    return registry.Workload(tuple(s for s, _ in ranked), tuple(n / total for _, n in ranked))
+
+
+def target_workload(pods: Sequence[trace.TracePod], coverage: float = COVERAGE) -> registry.Workload:
+    """FGD's M for these pods: the most popular shapes covering ``coverage`` of pods, renormalized."""
+    return fragmentation.top_shapes(histogram(pods), coverage)
 
 
 @dataclasses.dataclass(frozen=True)
