@@ -99,7 +99,7 @@ def _tiny(seed: int) -> tuple[list[nodes.NodeInventory], list[trace.TracePod]]:
     return inventories, pods
 
 
-@pytest.mark.parametrize("name", ["dotprod", "clustering", "packing", "bestfit", "fgd"])
+@pytest.mark.parametrize("name", ["dotprod", "clustering", "packing", "bestfit", "fgd", "fgd-lookahead"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_cached_scores_equal_fresh_scores(name: str, seed: int) -> None:
     inventories, pods = _tiny(seed)
