@@ -77,34 +77,27 @@ def summarize(results: Sequence[experiment.Result]) -> list[Summary]:
 
 
 def _fmt(s: Stats) -> str:
-    return f"{s.mean:.3f} ± {s.sd:.3f}"
+    return f"{s.mean:.3f}±{s.sd:.2f}"
 
 
 def table(summaries: Sequence[Summary]) -> Table:
     """A rich table of U(100) and U(130) per policy with the published means beside them."""
-    t = Table(title="Unallocated GPU % (lower is better)", caption=CITATION)
-    for col in (
-        "policy",
-        "runs",
-        "U(100) mean ± sd",
-        "median",
-        "published",
-        "U(130) mean ± sd",
-        "median",
-        "published",
-    ):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+    runs = sorted({s.runs for s in summaries})
+    t = Table(
+        title=f"Unallocated GPU % at 100 / 130 % arrived, {'/'.join(map(str, runs))} seeds (lower is better)",
+        caption=CITATION,
+    )
+    for col in ("policy", "U100 mean±sd", "median", "paper", "U130 mean±sd", "paper"):
+        t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for s in summaries:
         pub = PUBLISHED.get(s.policy)
         t.add_row(
             s.policy,
-            str(s.runs),
             _fmt(s.u100),
-            f"{s.u100.median:.3f}",
-            f"{pub[0]:.3f} ± {pub[1]:.3f}" if pub else "-",
+            f"{s.u100.median:.2f}",
+            f"{pub[0]:.2f}±{pub[1]:.2f}" if pub else "-",
             _fmt(s.u130),
-            f"{s.u130.median:.3f}",
-            f"{pub[2]:.3f} ± {pub[3]:.3f}" if pub else "-",
+            f"{pub[2]:.2f}±{pub[3]:.2f}" if pub else "-",
         )
     return t
 
