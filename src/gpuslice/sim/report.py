@@ -118,7 +118,7 @@ def plot(summaries: Sequence[Summary], path: Path) -> None:
     for s in summaries:
         x = np.arange(len(s.median_curve))
         ax.plot(x, s.median_curve, label=f"{s.policy} (U100 {s.u100.median:.2f}%)")
-    ax.plot([0, 130], [0, 100], color="grey", linewidth=0.5, linestyle=":")
+    ax.plot([0, 100], [0, 100], color="grey", linewidth=0.5, linestyle=":", label="all arrived demand placed")
     ax.set_xlim(80, 130)
     ax.set_ylim(80, 100)
     ax.set_xlabel("arrived GPU demand, % of capacity")
