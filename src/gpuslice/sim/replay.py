@@ -13,6 +13,7 @@ import dataclasses
 import heapq
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from rich.table import Table
@@ -46,6 +47,7 @@ class ReplayResult:
     policy: str
     seed: int
     gpu_allocation_pct: float
+    peak_allocation_pct: float
     pods_arrived: int
     pods_waited: int
     pods_failed: int
@@ -59,12 +61,23 @@ class ReplayResult:
             "seed": self.seed,
             "mode": "replay",
             "time_avg_gpu_allocation_pct": round(self.gpu_allocation_pct, 4),
+            "peak_gpu_allocation_pct": round(self.peak_allocation_pct, 4),
             "pods_arrived": self.pods_arrived,
             "pods_waited": self.pods_waited,
             "pods_failed": self.pods_failed,
             "mean_wait_seconds": round(self.mean_wait_seconds, 1),
             "wall_seconds": round(self.wall_seconds, 3),
         }
+
+
+class Replayed(NamedTuple):
+    """What a replay measured: time-averaged and peak GPU allocation %, pods waited/failed, mean wait."""
+
+    gpu_allocation_pct: float
+    peak_allocation_pct: float
+    waited: int
+    failed: int
+    mean_wait_seconds: float
 
 
 class _Queue:
@@ -109,8 +122,8 @@ def run(
     pods: list[trace.TracePod],
     policy: registry.Policy,
     ctx: registry.Context,
-) -> tuple[float, int, int, float]:
-    """Replay; returns (time-averaged GPU allocation %, pods waited, pods failed, mean wait s)."""
+) -> Replayed:
+    """Replay the pods in creation order on the nodes (given in rank order)."""
     if any(p.creation is None for p in pods):
         raise ReplayError(
             "the pod list has no creation_time column; replay needs creation and deletion times"
@@ -124,7 +137,7 @@ def run(
     area = 0.0
     last_t = (pods[order[0]].creation or 0.0) if order else 0.0
     start_t = last_t
-    waited = failed = 0
+    waited = failed = peak = 0
     wait_total = 0.0
     tick = 0
 
@@ -134,13 +147,14 @@ def run(
         last_t = max(last_t, t)
 
     def start(i: int, now: float) -> bool:
-        nonlocal used, tick
+        nonlocal used, tick, peak
         p = pods[i]
         got = placer.place(p)
         if got is None:
             return False
         j, alloc = got
         used += p.gpu_milli
+        peak = max(peak, used)
         life = max(0.0, (p.deletion or float("inf")) - (p.creation or 0.0))
         if life != float("inf"):
             tick += 1
@@ -175,7 +189,13 @@ def run(
     pct = 100.0 * area / (span * live.capacity_milli) if span > 0 and live.capacity_milli else 0.0
     depart_until(float("inf"))  # after the last arrival: let the queue drain as pods leave
     failed += queue.waiting
-    return pct, waited, failed, wait_total / waited if waited else 0.0
+    return Replayed(
+        pct,
+        100.0 * peak / live.capacity_milli if live.capacity_milli else 0.0,
+        waited,
+        failed,
+        wait_total / waited if waited else 0.0,
+    )
 
 
 def run_job(job: ReplayJob) -> ReplayResult:
@@ -189,20 +209,31 @@ def run_job(job: ReplayJob) -> ReplayResult:
         rng=np.random.default_rng([job.seed, 1]),
     )
     t0 = time.perf_counter()
-    pct, waited, failed, wait = run(ranked, pods, registry.get(job.policy), ctx)
-    return ReplayResult(job.policy, job.seed, pct, len(pods), waited, failed, wait, time.perf_counter() - t0)
+    r = run(ranked, pods, registry.get(job.policy), ctx)
+    return ReplayResult(
+        job.policy,
+        job.seed,
+        r.gpu_allocation_pct,
+        r.peak_allocation_pct,
+        len(pods),
+        r.waited,
+        r.failed,
+        r.mean_wait_seconds,
+        time.perf_counter() - t0,
+    )
 
 
 def table(results: list[ReplayResult]) -> Table:
     """A rich table of replay results."""
     t = Table(title="Trace replay (pods leave at their deletion time)")
-    for col in ("policy", "seed", "time-avg GPU alloc %", "arrived", "waited", "failed", "mean wait s"):
+    for col in ("policy", "seed", "avg GPU alloc %", "peak %", "arrived", "waited", "failed", "mean wait s"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for r in results:
         t.add_row(
             r.policy,
             str(r.seed),
             f"{r.gpu_allocation_pct:.2f}",
+            f"{r.peak_allocation_pct:.2f}",
             str(r.pods_arrived),
             str(r.pods_waited),
             str(r.pods_failed),

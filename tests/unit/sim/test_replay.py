@@ -18,18 +18,18 @@ def test_fifo_wait_and_average() -> None:
         trace.make_pod("c", 1000, 0, 1, 500, creation=8, deletion=30),  # waits 8..15 (b leaves at 15)
         trace.make_pod("d", 1000, 0, 0, 0, creation=20, deletion=21),  # CPU-only, fits at once
     ]
-    pct, waited, failed, wait = replay.run(inv, pods, registry.get("fgd"), registry.EMPTY_CONTEXT)
+    r = replay.run(inv, pods, registry.get("fgd"), registry.EMPTY_CONTEXT)
     # arrival span 0..20: 1000 milli in use 0..15, then 500 (c) 15..20 -> (15000 + 2500) / 20 / 1000 = 87.5 %
-    assert pct == pytest.approx(87.5)
-    assert (waited, failed) == (2, 0)
-    assert wait == pytest.approx(((10 - 4) + (15 - 8)) / 2)
+    assert r.gpu_allocation_pct == pytest.approx(87.5) and r.peak_allocation_pct == pytest.approx(100.0)
+    assert (r.waited, r.failed) == (2, 0)
+    assert r.mean_wait_seconds == pytest.approx(((10 - 4) + (15 - 8)) / 2)
 
 
 def test_never_fitting_pod_fails() -> None:
     inv = [trace.node_inventory("n0", 16000, 65536, 1, "T4")]
     pods = [trace.make_pod("big", 1000, 0, 2, 1000, creation=0, deletion=5)]
-    _, waited, failed, _ = replay.run(inv, pods, registry.get("fgd"), registry.EMPTY_CONTEXT)
-    assert (waited, failed) == (0, 1)
+    r = replay.run(inv, pods, registry.get("fgd"), registry.EMPTY_CONTEXT)
+    assert (r.waited, r.failed) == (0, 1)
 
 
 def test_trace_without_times_is_refused() -> None:
