@@ -98,6 +98,7 @@ class BindFlow:
     _lock_held: dict[str, bool] = dataclasses.field(default_factory=dict)
     _unschedulable: Memo = dataclasses.field(default_factory=Memo)
     _nudged: dict[str, float] = dataclasses.field(default_factory=dict)
+    _nudging: set[str] = dataclasses.field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
 
     def remember(self, pod: requests.PodRequest) -> None:
@@ -122,24 +123,33 @@ class BindFlow:
         pod pending until the next unrelated event. Touching an annotation of the node once our
         cache has the capacity back is such an event (HAMi has no requeue signal at all).
         """
-        if not self._unschedulable:
+        if not self._unschedulable or node in self._nudging:
             return
         now = self.clock()
         latest: float = next(reversed(self._unschedulable.values()))
-        if now - latest > _PENDING_WINDOW_S or now - self._nudged.get(node, 0.0) < _NUDGE_PERIOD_S:
+        if now - latest > _PENDING_WINDOW_S:
             return
-        self._nudged[node] = now
-        task = asyncio.ensure_future(self._touch(node, now))
+        # At most one touch per node and period; a release inside the period is served at its end.
+        delay = max(0.0, self._nudged.get(node, -_NUDGE_PERIOD_S) + _NUDGE_PERIOD_S - now)
+        self._nudging.add(node)
+        task = asyncio.ensure_future(self._touch(node, delay))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _touch(self, node: str, now: float) -> None:
+    async def _touch(self, node: str, delay: float) -> None:
         try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now = self.clock()
+            self._nudged[node] = now
+            self._nudging.discard(node)
             await self.binder.touch_node(node, {CAPACITY_FREED: f"{now:.3f}"})
             self.metrics.requeue_nudges.inc()
         except binders.BindFailure as err:
             self.metrics.api_errors.labels("touch").inc()
             self.log.v(2, "cannot touch node", node=node, err=str(err))
+        finally:
+            self._nudging.discard(node)
 
     def remember_filter(self, uid: str, summary: str) -> None:
         """Keep the filter summary of a pod for its bind event."""

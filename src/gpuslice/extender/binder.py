@@ -7,13 +7,15 @@ as ``BindFailure`` with the operation that failed, so the bind flow can roll bac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import msgspec
 
 from gpuslice.codec import keys
-from gpuslice.kube import binding, locks, pods
+from gpuslice.codec import locks as lockcodec
+from gpuslice.kube import binding, locks, objects, pods
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 
@@ -75,9 +77,17 @@ class KubeBinder:
         lock_timeout_s: age after which another pod's node lock counts as expired.
     """
 
-    def __init__(self, kube: kclient.KubeClient, lock_timeout_s: float = locks.DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        kube: kclient.KubeClient,
+        lock_timeout_s: float = locks.DEFAULT_TIMEOUT_S,
+        cached_node: Callable[[str], objects.Node | None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._kube = kube
         self._lock_timeout_s = lock_timeout_s
+        self._cached_node = cached_node
+        self._clock = clock
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod as a plain dict, or None when it is gone."""
@@ -91,7 +101,30 @@ class KubeBinder:
         return out if isinstance(out, dict) else None
 
     async def lock_node(self, node: str, namespace: str, name: str) -> None:
-        """Take the node lock (CAS with retries inside ``kube.locks``)."""
+        """Take the node lock (CAS with retries inside ``kube.locks``).
+
+        Fast path: when the node watch shows the lock free, write it at once with the watched
+        resourceVersion (one request instead of a read and a write). A stale resourceVersion gets
+        409 and falls back to ``locks.acquire``, so the compare-and-swap stays exact.
+        """
+        cached = self._cached_node(node) if self._cached_node is not None else None
+        if cached is not None and not cached.metadata.annotations.get(keys.NODE_LOCK):
+            value = lockcodec.encode(self._clock(), namespace, name)
+            body = {
+                "metadata": {
+                    "annotations": {keys.NODE_LOCK: value},
+                    "resourceVersion": cached.metadata.resource_version,
+                }
+            }
+            try:
+                await self._kube.request(
+                    "PATCH", locks.node_path(node), body=body, content_type=kclient.MERGE_PATCH
+                )
+                return
+            except kerrors.Conflict:
+                pass
+            except kerrors.ApiError as err:
+                raise _failure("lock", err) from err
         try:
             await locks.acquire(self._kube, node, namespace, name, timeout_s=self._lock_timeout_s)
         except kerrors.ApiError as err:

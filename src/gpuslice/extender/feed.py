@@ -84,6 +84,10 @@ class Feed:
         self.informers: tuple[informer.Informer[Any], ...] = (self.nodes, self.pods, self.quotas)
         self._restarts = [0] * len(self.informers)
 
+    def node(self, name: str) -> objects.Node | None:
+        """The node as the watch last saw it."""
+        return self.nodes.store.get(name)
+
     def ready(self) -> bool:
         """Every kind listed once and every watch healthy."""
         ok = all(i.synced and i.healthy for i in self.informers)

@@ -41,9 +41,10 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
     recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
     events: binds.Events = recorder if recorder is not None else binds.NoEvents()
+    source = feed.Feed(kube, cache, settings, log, m)
     flow = binds.BindFlow(
         cache=cache,
-        binder=binders.KubeBinder(kube),
+        binder=binders.KubeBinder(kube, cached_node=source.node),
         policies=policies,
         request_config=settings.request_config,
         clock=time.time,
@@ -52,15 +53,8 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         events=events,
         lock_wait_s=settings.lock_wait_s,
     )
-    source = feed.Feed(
-        kube,
-        cache,
-        settings,
-        log,
-        m,
-        on_node_lock=flow.node_lock_changed,
-        on_capacity_freed=flow.capacity_freed,
-    )
+    source.on_node_lock = flow.node_lock_changed
+    source.on_capacity_freed = flow.capacity_freed
 
     @contextlib.asynccontextmanager
     async def kube_client() -> AsyncIterator[object]:

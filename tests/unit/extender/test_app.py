@@ -372,10 +372,23 @@ def test_capacity_freed_nudges_kube_scheduler_only_while_pods_wait(cache: fakes.
     asyncio.run(freed())
     assert binder.touched == []  # nobody waits
     flow.mark_unschedulable("uid-big", True)
+    clock = [1000.0]
+    flow.clock = lambda: clock[0]
+    flow.mark_unschedulable("uid-big", True)
     asyncio.run(freed())
-    asyncio.run(freed())  # within the 1 s period: one touch per node
     assert [n for n, _ in binder.touched] == ["n-free"]
     assert "gpuslice.io/capacity-freed" in binder.touched[0][1]
+    # A second release on the node within the 1 s period is not dropped: it is served at the
+    # period's end (here 0.5 s later; the fake clock stands still, so the sleep is the full period).
+    clock[0] = 1000.5
+
+    async def freed_and_wait() -> None:
+        flow.capacity_freed("n-free")
+        flow.capacity_freed("n-free")  # coalesced with the pending one
+        await asyncio.sleep(0.6)
+
+    asyncio.run(freed_and_wait())
+    assert [n for n, _ in binder.touched] == ["n-free", "n-free"]
     flow.mark_unschedulable("uid-big", False)
     flow.capacity_freed("n-two")
-    assert [n for n, _ in binder.touched] == ["n-free"]
+    assert [n for n, _ in binder.touched] == ["n-free", "n-free"]
