@@ -22,6 +22,8 @@ FreeCards = tuple[int, ...]
 
 COVERAGE = 0.95
 """FGD keeps the most popular shapes until they cover this share of pods."""
+MEMO_LIMIT = 1 << 18
+"""Memoized node measures kept at most (one default simulator run needs about 10k)."""
 
 
 def top_pairs(
@@ -89,6 +91,8 @@ class Fragmentation:
         hit = self._memo.get(key)
         if hit is None:
             hit = self._compute(model, cpu_free, key[2])
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()  # a long-lived extender sees ever new states; keep memory bounded
             self._memo[key] = hit
         return hit
 

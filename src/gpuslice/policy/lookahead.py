@@ -63,6 +63,8 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
         hit = self._memo.get(key)
         if hit is None:
             hit = self._compute(model, cpu_free, key[2])
+            if len(self._memo) >= fragmentation.MEMO_LIMIT:
+                self._memo.clear()
             self._memo[key] = hit
         return hit
 
