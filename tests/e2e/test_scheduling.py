@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import collections
+import pathlib
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuslice.codec import keys, pod_devices
 from tests.e2e.conftest import NODES, Cluster, card_uuid, inventory
 
 pytestmark = pytest.mark.e2e
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def grants(pod: dict[str, Any]) -> list[tuple[str, int, int]]:
@@ -201,6 +205,10 @@ def test_restart_rebuilds_usage_from_annotations(e2e_cluster: Cluster) -> None:
     )
     assert any(uuid in k and v >= 12345 * (1 << 20) for k, v in before.items())
     e2e_cluster.ext.stop()
+    # Restart as the non-admin user "gpuslice", granted only deploy/rbac.yaml's ClusterRole: the
+    # whole flow (watch, lock, annotate, bind, events, nudges) must work with those rules.
+    grant_deploy_rbac(e2e_cluster)
+    e2e_cluster.ext.kubeconfig = e2e_cluster.cp.user_kubeconfig
     e2e_cluster.ext.start()
     after = e2e_cluster.wait(allocated, message="metrics after restart")
     assert after == before
@@ -209,6 +217,29 @@ def test_restart_rebuilds_usage_from_annotations(e2e_cluster: Cluster) -> None:
     assert_contract(e2e_cluster.wait_bound(ns, "after", timeout=60))
     for name in ("keep", "after"):
         e2e_cluster.delete_pod(ns, name)
+
+
+def grant_deploy_rbac(e2e_cluster: Cluster) -> None:
+    """Create deploy/rbac.yaml's ClusterRole and bind it to the test user ``gpuslice``."""
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()))
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    status, body = e2e_cluster.cp.api_request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+    assert status in (201, 409), body
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "gpuslice-extender-e2e-user"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": role["metadata"]["name"],
+        },
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "gpuslice"}],
+    }
+    status, body = e2e_cluster.cp.api_request(
+        "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding
+    )
+    assert status in (201, 409), body
 
 
 def _metrics(e2e_cluster: Cluster) -> str:
