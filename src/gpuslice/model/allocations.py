@@ -60,7 +60,9 @@ def card_reservation(alloc: PodAllocation) -> dict[str, nodes.CardUsage]:
     for uuid in init_peak.keys() | app_sum.keys():
         imem, icores = init_peak.get(uuid, (0, 0))
         amem, acores, aslots = app_sum.get(uuid, (0, 0, 0))
-        out[uuid] = nodes.CardUsage(slots=max(1, aslots), memory_mib=max(imem, amem), cores=max(icores, acores))
+        out[uuid] = nodes.CardUsage(
+            slots=max(1, aslots), memory_mib=max(imem, amem), cores=max(icores, acores)
+        )
     return out
 
 

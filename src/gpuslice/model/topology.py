@@ -102,5 +102,8 @@ def uniform(uuids: tuple[str, ...], level: PcieLevel = PcieLevel.SYSTEM, nvlinks
         uuids=uuids,
         nvlinks=tuple(tuple(0 if i == j else nvlinks for j in range(n)) for i in range(n)),
         pcie=tuple(tuple(PcieLevel.INTERNAL if i == j else level for j in range(n)) for i in range(n)),
-        p2p=tuple(tuple(i != j and (nvlinks > 0 or level <= PcieLevel.HOSTBRIDGE) for j in range(n)) for i in range(n)),
+        p2p=tuple(
+            tuple(i != j and (nvlinks > 0 or level <= PcieLevel.HOSTBRIDGE) for j in range(n))
+            for i in range(n)
+        ),
     )

@@ -130,7 +130,9 @@ def get(name: str, args: Mapping[str, float] | None = None) -> Policy:
     try:
         factory = _FACTORIES[name]
     except KeyError:
-        raise UnknownPolicyError(f"scoring policy {name!r} is not supported; known: {', '.join(names())}") from None
+        raise UnknownPolicyError(
+            f"scoring policy {name!r} is not supported; known: {', '.join(names())}"
+        ) from None
     return factory(args or {})
 
 
