@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -182,9 +184,9 @@ class Feed:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Feed]:
-        """Run the informers (and the assumed-pod expiry) until the context exits."""
+        """Run the informers and the housekeeping loop until the context exits."""
         tasks = [asyncio.create_task(i.run(), name=f"informer-{_kind_name(i)}") for i in self.informers]
-        tasks.append(asyncio.create_task(self._expire_loop(), name="assumed-expiry"))
+        tasks.append(asyncio.create_task(self._housekeeping(), name="feed-housekeeping"))
         try:
             yield self
         finally:
@@ -192,12 +194,26 @@ class Feed:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _expire_loop(self, clock: Callable[[], float] | None = None) -> None:
-        import time
+    async def _housekeeping(self, clock: Callable[[], float] = time.time) -> None:
+        """Every second: metrics and readiness; every ``assumed_ttl_s / 4``: expire assumed pods.
 
-        now = clock or time.time
+        Once every kind is listed the first time, the long-lived cache objects are moved out of
+        the garbage collector's generations (``gc.freeze``), so full collections stop scanning
+        them on the request path.
+        """
+        frozen = False
+        next_expiry = clock()
         while True:
-            await asyncio.sleep(max(1.0, self.settings.assumed_ttl_s / 4))
-            gone = self.cache.expire(now(), self.settings.assumed_ttl_s)
-            if gone:
-                self.log.info("assumed pods expired", pods=",".join(gone))
+            await asyncio.sleep(1.0)
+            ready = self.ready()
+            if ready and not frozen:
+                frozen = True
+                gc.collect()
+                gc.freeze()
+                snap = self.cache.snapshot()
+                self.log.info("cache synced", nodes=len(snap.nodes), invalid_nodes=len(self.invalid_nodes))
+            if clock() >= next_expiry:
+                next_expiry = clock() + max(1.0, self.settings.assumed_ttl_s / 4)
+                gone = self.cache.expire(clock(), self.settings.assumed_ttl_s)
+                if gone:
+                    self.log.info("assumed pods expired", pods=",".join(gone))
