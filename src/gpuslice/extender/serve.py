@@ -41,7 +41,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
     recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
     events: binds.Events = recorder if recorder is not None else binds.NoEvents()
-    source = feed.Feed(kube, cache, settings, log, m)
+    source = feed.Feed(kube, cache, settings, log, m, recorder)
     flow = binds.BindFlow(
         cache=cache,
         binder=binders.KubeBinder(kube, cached_node=source.node),

@@ -55,46 +55,44 @@ def _feed(settings: config.Settings | None = None) -> tuple[feed.Feed, caches.Cl
 
 def test_nodes_registered_invalid_and_removed() -> None:
     f, cache, rec = _feed(config.Settings(memory_scaling=1.5, core_scaling=2.0))
-    f._on_node(informer.Event(ADDED, _node("good", {keys.NODE_REGISTER: _registration()})))
-    f._on_node(informer.Event(ADDED, _node("bad", {keys.NODE_REGISTER: "[{not json"})))
-    f._on_node(informer.Event(ADDED, _node("cpu-only", {})))
+    f.sync.nodes.handler(informer.Event(ADDED, _node("good", {keys.NODE_REGISTER: _registration()})))
+    f.sync.nodes.handler(informer.Event(ADDED, _node("bad", {keys.NODE_REGISTER: "[{not json"})))
+    f.sync.nodes.handler(informer.Event(ADDED, _node("cpu-only", {})))
     snap = cache.snapshot()
     assert set(snap.nodes) == {"good"}
     # Overcommit: 32768 * 1.5 = 49152 MiB and 100 * 2.0 = 200 cores registered per card.
     assert [(d.memory_mib, d.cores) for d in snap.nodes["good"].inventory.devices] == [(49152, 200)] * 2
-    assert f.invalid_nodes == {"bad"}
-    f._on_node(informer.Event(MODIFIED, _node("bad", {keys.NODE_REGISTER: _registration(1)})))
-    assert f.invalid_nodes == set() and "bad" in cache.snapshot().nodes
-    f._on_node(
+    assert set(f.invalid_nodes) == {"bad"}
+    f.sync.nodes.handler(informer.Event(MODIFIED, _node("bad", {keys.NODE_REGISTER: _registration(1)})))
+    assert not f.invalid_nodes and "bad" in cache.snapshot().nodes
+    f.sync.nodes.handler(
         informer.Event(MODIFIED, _node("good", {keys.NODE_REGISTER: _registration(), keys.NODE_LOCK: "x"}))
     )
-    f._on_node(informer.Event(DELETED, _node("good", {})))
+    f.sync.nodes.handler(informer.Event(DELETED, _node("good", {})))
     assert "good" not in cache.snapshot().nodes
     assert ("good", True) in rec.locks and ("good", False) in rec.locks
 
 
 def test_pods_charged_from_annotations_and_released() -> None:
     f, cache, rec = _feed()
-    f._on_node(informer.Event(ADDED, _node("n", {keys.NODE_REGISTER: _registration()})))
+    f.sync.nodes.handler(informer.Event(ADDED, _node("n", {keys.NODE_REGISTER: _registration()})))
     ann = {keys.VGPU_NODE: "n", keys.DEVICES_ALLOCATED: "GPU-1,NVIDIA,4000,30:;"}
-    f._on_pod(informer.Event(ADDED, _pod("pending", annotations=ann)))  # annotated, not bound yet
-    assert cache.pod_state("ns/pending") is None
-    f._on_pod(informer.Event(ADDED, _pod("p", node="n", annotations=ann)))
-    f._on_pod(informer.Event(ADDED, _pod("plain", node="n")))  # not a HAMi pod
+    f.sync.pods.handler(informer.Event(ADDED, _pod("p", node="n", annotations=ann)))
+    f.sync.pods.handler(informer.Event(ADDED, _pod("plain", node="n")))  # not a HAMi pod
     usage = cache.snapshot().nodes["n"].usage
     assert (usage[1].memory_mib, usage[1].cores, usage[1].slots) == (4000, 30, 1)
-    f._on_pod(informer.Event(MODIFIED, _pod("p", node="n", annotations=ann, phase="Succeeded")))
+    f.sync.pods.handler(informer.Event(MODIFIED, _pod("p", node="n", annotations=ann, phase="Succeeded")))
     assert cache.snapshot().nodes["n"].usage[1].memory_mib == 0
     assert rec.freed == ["n"]
-    f._on_pod(informer.Event(DELETED, _pod("plain", node="n")))
+    f.sync.pods.handler(informer.Event(DELETED, _pod("plain", node="n")))
     assert rec.freed == ["n"]  # held nothing
 
 
 def test_malformed_device_annotation_is_ignored() -> None:
     f, cache, _ = _feed()
-    f._on_node(informer.Event(ADDED, _node("n", {keys.NODE_REGISTER: _registration()})))
+    f.sync.nodes.handler(informer.Event(ADDED, _node("n", {keys.NODE_REGISTER: _registration()})))
     bad = {keys.VGPU_NODE: "n", keys.DEVICES_ALLOCATED: "GPU-1,NVIDIA,lots,30:;"}
-    f._on_pod(informer.Event(ADDED, _pod("p", node="n", annotations=bad)))
+    f.sync.pods.handler(informer.Event(ADDED, _pod("p", node="n", annotations=bad)))
     assert cache.pod_state("ns/p") is None
 
 
@@ -106,14 +104,14 @@ def test_quotas_merge_per_namespace_smallest_limit_wins() -> None:
             metadata=objects.ObjectMeta(name=name, namespace="team"), spec=objects.QuotaSpec(hard=hard)
         )
 
-    f._on_quota(informer.Event(ADDED, quota("a", {"limits.nvidia.com/gpumem": "20000"})))
-    f._on_quota(
+    f.sync.quotas.handler(informer.Event(ADDED, quota("a", {"limits.nvidia.com/gpumem": "20000"})))
+    f.sync.quotas.handler(
         informer.Event(ADDED, quota("b", {"limits.nvidia.com/gpumem": "10000", "nvidia.com/gpu": "4"}))
     )
     view = cache.snapshot().quota("team")
     assert view is not None and (view.memory_limit, view.count_limit) == (10000, 4)
-    f._on_quota(informer.Event(DELETED, quota("b", {})))
+    f.sync.quotas.handler(informer.Event(DELETED, quota("b", {})))
     view = cache.snapshot().quota("team")
     assert view is not None and (view.memory_limit, view.count_limit) == (20000, None)
-    f._on_quota(informer.Event(DELETED, quota("a", {})))
+    f.sync.quotas.handler(informer.Event(DELETED, quota("a", {})))
     assert cache.snapshot().quota("team") is None
