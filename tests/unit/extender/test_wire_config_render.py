@@ -123,3 +123,21 @@ def test_render_https_and_weight_validation(capsys: pytest.CaptureFixture[str]) 
     assert render.run(["scheduler-config", "--scheduler-name", "s2", "--no-preempt"]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
     assert out["profiles"] == [{"schedulerName": "s2"}] and "preemptVerb" not in out["extenders"][0]
+
+
+def test_serve_exits_2_with_a_clear_line_on_invalid_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuslice.extender import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    assert serve.main(parser.parse_args(["--node-policy", "nope", "--listen", "x"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuslice serve: ") and "unknown policy 'nope'" in err and "listen" in err
+    assert "Traceback" not in err
+
+
+def test_cli_dispatches_render(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuslice import cli
+
+    assert cli.main(["render", "scheduler-config", "--url", "http://127.0.0.1:1"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["extenders"][0]["urlPrefix"] == "http://127.0.0.1:1"
