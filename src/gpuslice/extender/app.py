@@ -206,7 +206,10 @@ def create_app(deps: Deps) -> Starlette:
                 scores = scheduling.rescore(snap, pod, names, deps.policies, log, *memo)
             deps.flow.remember_scores(pod.uid, scores)
         out = wire.priorities(scores)
-        for value, n in collections.Counter(hp.score for hp in out).items():
+        by_wire: collections.Counter[int] = collections.Counter()
+        for internal, n in collections.Counter(scores.values()).items():
+            by_wire[wire.to_extender_score(internal)] += n
+        for value, n in by_wire.items():
             m.scores.labels(str(value)).inc(n)
         return wire.ENCODER.encode(out)
 

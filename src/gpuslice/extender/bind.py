@@ -17,6 +17,8 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import heapq
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -159,7 +161,7 @@ class BindFlow:
     def remember_scores(self, uid: str, scores: Mapping[str, int]) -> None:
         """Keep the best prioritize scores for the bind event."""
         if uid:
-            top = sorted(scores.items(), key=lambda kv: -kv[1])[:3]
+            top = heapq.nlargest(3, scores.items(), key=operator.itemgetter(1))
             self._scores.put(uid, top)
 
     async def bind(self, args: wire.ExtenderBindingArgs) -> str:

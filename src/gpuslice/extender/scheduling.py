@@ -92,21 +92,29 @@ def filter_nodes(
     quota = view.quota(snap, pod.namespace)
     ev = batch.evaluate(snap.nodes, view.columns(snap), names, pod, node_policy, card_policy, ctx, quota)
     out = FilterOutcome([], {}, {}, collections.Counter())
-    verbose = log.enabled(4)
+    if log.enabled(4):
+        _log_evaluation(log, pod, ev)
+    # Feasible nodes in bulk (the common case), then the failures one by one.
+    ok = ev.feasible.tolist()
+    scores = ev.scores.tolist()
+    names_ = ev.names
+    out.feasible = [n for n, f in zip(names_, ok, strict=True) if f]
+    out.scores = {n: sc for n, f, sc in zip(names_, ok, scores, strict=True) if f}
+    if out.feasible:
+        out.reasons[FEASIBLE] = len(out.feasible)
+    for name, (st, _) in ev.failures.items():
+        _reject(out, snap, name, st, invalid)
+    return out
+
+
+def _log_evaluation(log: logs.Log, pod: requests.PodRequest, ev: batch.Evaluation) -> None:
     for i, name in enumerate(ev.names):
         if ev.feasible[i]:
-            out.feasible.append(name)
-            out.scores[name] = int(ev.scores[i])
-            out.reasons[FEASIBLE] += 1
-            if verbose:
-                log.v(4, "filter node", pod=pod.name, node=name, feasible=True, score=int(ev.scores[i]))
-            continue
-        st, card_reasons = ev.failures[name]
-        _reject(out, snap, name, st, invalid)
-        if verbose:
+            log.v(4, "filter node", pod=pod.name, node=name, feasible=True, score=int(ev.scores[i]))
+        else:
+            st, card_reasons = ev.failures[name]
             why = " ".join(f"{n}x{r}" for r, n in card_reasons) or ",".join(st.reasons)
             log.v(4, "filter node", pod=pod.name, node=name, feasible=False, reason=why)
-    return out
 
 
 def _reject(out: FilterOutcome, snap: Any, name: str, st: status.Status, invalid: Collection[str]) -> None:
@@ -221,9 +229,11 @@ def rescore(
     node_policy = policies.node(pod)
     if node_policy is None or not pod.wants_gpu:
         return dict.fromkeys(names, 0)
+    nodes_now = snap.nodes
+    if nodes_now is old_nodes and all(n in old_scores for n in names):
+        return {name: old_scores[name] for name in names}  # the same snapshot: nothing changed
     out: dict[str, int] = {}
     stale: list[str] = []
-    nodes_now = snap.nodes
     for name in names:
         score = old_scores.get(name)
         state = nodes_now.get(name)
