@@ -34,6 +34,16 @@ from gpuslice.kube import client as kclient
 _STOP_GRACE_S = 10.0
 
 
+MODELS: dict[str, tuple[str, int]] = {
+    "A100": ("NVIDIA A100-SXM4-80GB", 81920),
+    "A100-40GB": ("NVIDIA A100-SXM4-40GB", 40960),
+    "H100": ("NVIDIA H100 80GB HBM3", 81559),
+    "V100": ("NVIDIA-Tesla V100-SXM2-32GB", 32768),
+    "T4": ("NVIDIA-Tesla T4", 15360),
+}
+"""Short model names -> (registered type, MiB per card); other names are registered as given."""
+
+
 class DevClusterError(RuntimeError):
     """A component did not start."""
 
@@ -265,9 +275,11 @@ def cluster(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``gpuslice dev-cluster`` flags."""
     parser.add_argument("--nodes", type=int, default=4, help="fake GPU nodes")
-    parser.add_argument("--model", default=nodesim.DEFAULT_MODEL, help="GPU model name as registered")
+    parser.add_argument(
+        "--model", default="A100", help=f"GPU model: {', '.join(MODELS)} or a full name registered as given"
+    )
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
-    parser.add_argument("--memory-mib", type=int, default=81920, help="memory per GPU")
+    parser.add_argument("--memory-mib", type=int, default=0, help="memory per GPU (default: the model's)")
     parser.add_argument("-v", "--verbosity", type=int, default=2, help="gpuslice log level")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs and kubeconfigs here")
 
@@ -278,9 +290,9 @@ def main(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        with cluster(
-            args.nodes, args.model, args.gpus, args.memory_mib, args.verbosity, args.workdir
-        ) as running:
+        model, memory = MODELS.get(args.model, (args.model, 81920))
+        memory = args.memory_mib or memory
+        with cluster(args.nodes, model, args.gpus, memory, args.verbosity, args.workdir) as running:
             cp = running["control_plane"]
             print(f"kubeconfig: {running['kubeconfig']}")
             print(f"  export KUBECONFIG={running['kubeconfig']}")
