@@ -212,6 +212,8 @@ class BindFlow:
         if isinstance(pod, str):
             self.metrics.binds.labels("rejected").inc()
             return pod
+        if not pod.wants_gpu:
+            return await self._bind_plain(ns, name, uid, node)
         card_policy = self.policies.card(pod)
         if card_policy is None:
             self.metrics.binds.labels("rejected").inc()
@@ -252,6 +254,17 @@ class BindFlow:
         except BaseException:
             self.cache.forget(key)
             raise
+
+    async def _bind_plain(self, ns: str, name: str, uid: str, node: str) -> str:
+        """A pod without GPUs: no reservation, no node lock, no annotations; just the Binding."""
+        try:
+            await self.binder.bind(ns, name, uid, node)
+        except binders.BindFailure as err:
+            self.metrics.api_errors.labels(err.operation).inc()
+            self.metrics.binds.labels("failed").inc()
+            return f"{err.operation} failed: {err}"
+        self.metrics.binds.labels("bound").inc()
+        return ""
 
     async def _commit(
         self, ns: str, name: str, uid: str, node: str, key: str, alloc: allocations.PodAllocation, now: float

@@ -5,6 +5,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from gpuslice.codec import keys, pod_devices, resources
@@ -392,3 +394,50 @@ def test_capacity_freed_nudges_kube_scheduler_only_while_pods_wait(cache: fakes.
     flow.mark_unschedulable("uid-big", False)
     flow.capacity_freed("n-two")
     assert [n for n, _ in binder.touched] == ["n-free", "n-free"]
+
+
+def test_bind_of_a_pod_without_gpus_only_posts_the_binding(
+    client: TestClient, cache: fakes.FakeCache, binder: fakes.FakeBinder
+) -> None:
+    pod = {"metadata": {"name": "cpu", "uid": "u-cpu"}, "spec": {"containers": [{"name": "c"}]}}
+    client.post("/filter", json=_args(pod, ["n-free"]))
+    r = client.post(
+        "/bind", json={"PodName": "cpu", "PodNamespace": "default", "PodUID": "u-cpu", "Node": "n-free"}
+    )
+    assert r.json() == {"Error": ""}
+    assert [c[0] for c in binder.calls] == ["bind"]
+    assert cache.pods == {}
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+pod_like = st.fixed_dictionaries(
+    {
+        "metadata": st.fixed_dictionaries(
+            {}, optional={"name": json_values, "uid": json_values, "annotations": json_values}
+        ),
+        "spec": st.fixed_dictionaries(
+            {}, optional={"containers": json_values, "initContainers": json_values}
+        ),
+    }
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    path=st.sampled_from(["/filter", "/prioritize", "/bind", "/preempt"]),
+    body=st.one_of(
+        json_values,
+        st.fixed_dictionaries({"Pod": st.one_of(pod_like, json_values), "NodeNames": json_values}),
+        st.fixed_dictionaries(
+            {"PodName": json_values, "PodNamespace": json_values, "PodUID": json_values, "Node": json_values}
+        ),
+    ),
+)
+def test_any_json_body_is_answered_without_5xx(client: TestClient, path: str, body: Any) -> None:
+    r = client.post(path, content=json.dumps(body))
+    assert r.status_code in (200, 400), (r.status_code, r.text)
+    assert "Traceback" not in r.text
