@@ -181,7 +181,7 @@ class NodeSimThread:
         workers: simulators (each with its own pod watch) the nodes are split over.
     """
 
-    def __init__(self, kubeconfig: Path, nodes: Mapping[str, Mapping[str, Any]], workers: int = 8) -> None:
+    def __init__(self, kubeconfig: Path, nodes: Mapping[str, Mapping[str, Any]], workers: int = 4) -> None:
         self.kubeconfig = kubeconfig
         self.nodes = dict(nodes)
         self.workers = max(1, min(workers, len(self.nodes)))
