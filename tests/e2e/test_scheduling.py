@@ -248,3 +248,55 @@ def _metrics(e2e_cluster: Cluster) -> str:
     with urllib.request.urlopen(e2e_cluster.ext.url + "/metrics", timeout=5) as resp:  # noqa: S310
         text: str = resp.read().decode()
     return text
+
+
+def test_serve_over_tls(e2e_cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    import json
+    import ssl
+    import subprocess
+    import urllib.request
+
+    from gpuslice.devcluster import devcluster
+
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    ext = devcluster.Extender(e2e_cluster.cp.kubeconfig, tmp_path / "tls.log", tls=(cert, key)).start()
+    try:
+        assert ext.url.startswith("https://")
+        body = {
+            "Pod": {
+                "metadata": {"name": "t", "uid": "u"},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            },
+            "Nodes": None,
+            "NodeNames": list(NODES),
+        }
+        req = urllib.request.Request(
+            ext.url + "/filter", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        ctx = ssl.create_default_context(cafile=str(cert))
+        ctx.check_hostname = False
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:  # noqa: S310
+            answer = json.load(resp)
+        assert sorted(answer["NodeNames"] + list(answer["FailedNodes"])) == sorted(NODES)
+    finally:
+        ext.stop()

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -89,12 +90,19 @@ class Extender:
         log_path: where its stdout/stderr go.
         port: listen port (a free one when None).
         extra_args: more ``serve`` flags (e.g. ``-v 4``).
+        tls: (certificate, key) files to serve HTTPS with.
     """
 
     def __init__(
-        self, kubeconfig: Path, log_path: Path, port: int | None = None, extra_args: Sequence[str] = ()
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
+        self.tls = tls
         self.log_path = log_path
         self.port = port or free_port()
         self.extra_args = list(extra_args)
@@ -104,7 +112,7 @@ class Extender:
     @property
     def url(self) -> str:
         """Its base URL."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> Extender:
         """Start it and wait until ``/readyz`` answers 200 (caches synced)."""
@@ -116,6 +124,7 @@ class Extender:
                 f"127.0.0.1:{self.port}",
                 "--kubeconfig",
                 str(self.kubeconfig),
+                *(["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else []),
                 *self.extra_args,
             ),
             stdout=self._log,
@@ -161,9 +170,10 @@ class Extender:
 
 
 def http_status(url: str, timeout: float = 2.0) -> int:
-    """The HTTP status of a GET, 0 when unreachable."""
+    """The HTTP status of a GET, 0 when unreachable (HTTPS certificates are not verified)."""
+    context = ssl._create_unverified_context() if url.startswith("https://") else None  # noqa: S323 - loopback
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback URL we built
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:  # noqa: S310 - loopback URL
             return int(resp.status)
     except urllib.error.HTTPError as err:
         return int(err.code)
