@@ -25,7 +25,7 @@ from starlette.routing import Route
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import resources
 from gpuslice.extender import bind as binds
-from gpuslice.extender import config, logs, metrics, preempt, scheduling, view, wire
+from gpuslice.extender import config, logs, memo, metrics, preempt, scheduling, view, wire
 from gpuslice.model import requests, status
 from gpuslice.policy import registry
 
@@ -129,9 +129,9 @@ def create_app(deps: Deps) -> Starlette:
     limit = deps.settings.body_limit_bytes
     m = deps.metrics
     log = deps.log
-    score_memo = binds.Memo(1024)  # uid -> (node states, scores) from filter, for prioritize
+    score_memo = memo.Memo(1024)  # uid -> (node states, scores) from filter, for prioritize
     workload = _Shapes(deps.cache)
-    seen = binds.Memo(20_000)  # pods already counted in the workload histogram
+    seen = memo.Memo(20_000)  # pods already counted in the workload histogram
 
     def endpoint(
         verb: str, handle: Callable[[bytes], Awaitable[bytes]]

@@ -14,28 +14,19 @@ back (forget the assumption, remove the annotations, release the node lock) and 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import dataclasses
 import heapq
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import pod_devices, resources
 from gpuslice.extender import binder as binders
-from gpuslice.extender import logs, metrics, scheduling, view, wire
+from gpuslice.extender import logs, memo, metrics, nodelock, requeue, scheduling, view, wire
 from gpuslice.model import allocations, requests, status
 from gpuslice.model import config as model_config
 from gpuslice.policy import fit
-
-_MEMO_SIZE = 20_000
-CAPACITY_FREED = "gpuslice.io/capacity-freed"
-"""Node annotation touched when GPU capacity frees while pods wait: kube-scheduler retries them."""
-_PENDING_WINDOW_S = 600.0
-_NUDGE_PERIOD_S = 1.0
-MiB = 1 << 20
 
 
 class Events(Protocol):
@@ -57,21 +48,6 @@ class NoEvents:
         """Drop the event."""
 
 
-class Memo(collections.OrderedDict[str, Any]):
-    """A small LRU map."""
-
-    def __init__(self, size: int = _MEMO_SIZE) -> None:
-        super().__init__()
-        self._size = size
-
-    def put(self, key: str, value: Any) -> None:
-        """Insert or refresh ``key``, evicting the oldest entry beyond the size."""
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self._size:
-            self.popitem(last=False)
-
-
 def describe(alloc: allocations.PodAllocation) -> str:
     """``GPU-abc (4000MB/30cores), GPU-def (...)`` for events and logs."""
     parts = [f"{g.uuid} ({g.memory_mib}MB/{g.cores}cores)" for grants in alloc.containers for g in grants]
@@ -91,17 +67,19 @@ class BindFlow:
     metrics: metrics.Metrics
     events: Events = dataclasses.field(default_factory=NoEvents)
     lock_wait_s: float = 3.0
-    _pods: Memo = dataclasses.field(default_factory=Memo)
-    _scores: Memo = dataclasses.field(default_factory=Memo)
-    _filters: Memo = dataclasses.field(default_factory=Memo)
-    _done: Memo = dataclasses.field(default_factory=Memo)
+    _pods: memo.Memo = dataclasses.field(default_factory=memo.Memo)
+    _scores: memo.Memo = dataclasses.field(default_factory=memo.Memo)
+    _filters: memo.Memo = dataclasses.field(default_factory=memo.Memo)
+    _done: memo.Memo = dataclasses.field(default_factory=memo.Memo)
     _locks: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
-    _lock_freed: dict[str, asyncio.Event] = dataclasses.field(default_factory=dict)
-    _lock_held: dict[str, bool] = dataclasses.field(default_factory=dict)
-    _unschedulable: Memo = dataclasses.field(default_factory=Memo)
-    _nudged: dict[str, float] = dataclasses.field(default_factory=dict)
-    _nudging: set[str] = dataclasses.field(default_factory=set)
-    _tasks: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._waiter = nodelock.LockWaiter(self.binder, self._now, self.metrics, self.lock_wait_s)
+        self._nudger = requeue.Nudger(self.binder.touch_node, self._now, self.metrics, self.log)
+
+    def _now(self) -> float:
+        """``clock()`` looked up at each call (tests replace the clock)."""
+        return self.clock()
 
     def remember(self, pod: requests.PodRequest) -> None:
         """Keep a filtered pod's request for its bind (the bind args carry only names)."""
@@ -109,49 +87,16 @@ class BindFlow:
             self._pods.put(pod.uid, pod)
 
     def mark_unschedulable(self, uid: str, unschedulable: bool) -> None:
-        """Track pods our filter left without a node (they wait for capacity)."""
-        if not uid:
-            return
-        if unschedulable:
-            self._unschedulable.put(uid, self.clock())
-        else:
-            self._unschedulable.pop(uid, None)
+        """Track pods our filter left without a node (they wait for capacity; see ``requeue``)."""
+        self._nudger.mark(uid, unschedulable)
 
     def capacity_freed(self, node: str) -> None:
-        """A pod holding GPUs on ``node`` went away: if pods wait, make kube-scheduler retry them.
+        """A pod holding GPUs on ``node`` went away (from the pod watch); see ``requeue``."""
+        self._nudger.capacity_freed(node)
 
-        kube-scheduler retries pods an extender rejected on any cluster event, but the event that
-        frees capacity (the pod's deletion) may reach it before it reaches our cache, leaving the
-        pod pending until the next unrelated event. Touching an annotation of the node once our
-        cache has the capacity back is such an event (HAMi has no requeue signal at all).
-        """
-        if not self._unschedulable or node in self._nudging:
-            return
-        now = self.clock()
-        latest: float = next(reversed(self._unschedulable.values()))
-        if now - latest > _PENDING_WINDOW_S:
-            return
-        # At most one touch per node and period; a release inside the period is served at its end.
-        delay = max(0.0, self._nudged.get(node, -_NUDGE_PERIOD_S) + _NUDGE_PERIOD_S - now)
-        self._nudging.add(node)
-        task = asyncio.ensure_future(self._touch(node, delay))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _touch(self, node: str, delay: float) -> None:
-        try:
-            if delay > 0:
-                await asyncio.sleep(delay)
-            now = self.clock()
-            self._nudged[node] = now
-            self._nudging.discard(node)
-            await self.binder.touch_node(node, {CAPACITY_FREED: f"{now:.3f}"})
-            self.metrics.requeue_nudges.inc()
-        except binders.BindFailure as err:
-            self.metrics.api_errors.labels("touch").inc()
-            self.log.v(2, "cannot touch node", node=node, err=str(err))
-        finally:
-            self._nudging.discard(node)
+    def node_lock_changed(self, node: str, held: bool) -> None:
+        """The node watch saw HAMi's lock annotation set (held) or removed; see ``nodelock``."""
+        self._waiter.changed(node, held)
 
     def remember_filter(self, uid: str, summary: str) -> None:
         """Keep the filter summary of a pod for its bind event."""
@@ -273,7 +218,7 @@ class BindFlow:
         annotations = pod_devices.bind_annotations(alloc, now)
         marks = [self.clock()]
         try:
-            await self._lock(node, ns, name)
+            await self._waiter.acquire(node, ns, name)
             locked = True
             marks.append(self.clock())
             await self.binder.annotate(ns, name, uid, annotations)
@@ -310,40 +255,6 @@ class BindFlow:
             raise
         return self._succeeded(ns, name, uid, node, key, alloc)
 
-    async def _lock(self, node: str, ns: str, name: str) -> None:
-        """Take the node lock, waiting up to ``lock_wait_s`` while another pod's Allocate holds it.
-
-        HAMi fails the bind at once on contention, which sends the pod into kube-scheduler's
-        backoff; waiting keeps binds to one node flowing. While the node watch says the lock is
-        held, the retry waits for the watch to see it released (``node_lock_changed``), polling
-        the API at most every 0.5 s, so waiting binds do not eat the client's request budget.
-        """
-        deadline = self.clock() + self.lock_wait_s
-        while True:
-            freed = self._lock_freed.setdefault(node, asyncio.Event())
-            freed.clear()
-            left = deadline - self.clock()
-            if self._lock_held.get(node) and left > 0:
-                # The watch says another pod holds it: wait for the release without polling the API.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(freed.wait(), min(left, 0.5))
-            try:
-                await self.binder.lock_node(node, ns, name)
-                self._lock_held[node] = True
-                return
-            except binders.BindFailure as err:
-                left = deadline - self.clock()
-                if err.reason != "NodeLockContention" or left <= 0:
-                    raise
-                self.metrics.lock_waits.inc()
-                self._lock_held[node] = True
-
-    def node_lock_changed(self, node: str, held: bool) -> None:
-        """The node watch saw the HAMi lock annotation set (held) or removed; wake waiting binds."""
-        self._lock_held[node] = held
-        if not held and (event := self._lock_freed.get(node)) is not None:
-            event.set()
-
     def _succeeded(
         self, ns: str, name: str, uid: str, node: str, key: str, alloc: allocations.PodAllocation
     ) -> str:
@@ -351,7 +262,7 @@ class BindFlow:
         if uid:
             self._done.put(uid, node)
             self._pods.pop(uid, None)
-            self._unschedulable.pop(uid, None)
+            self._nudger.mark(uid, False)
         self.metrics.binds.labels("bound").inc()
         top = self._scores.pop(uid, None) if uid else None
         scores = ", ".join(f"{n}={wire.to_extender_score(s)}" for n, s in top) if top else "n/a"

@@ -155,6 +155,7 @@ def make_deps(
         log=log,
         metrics=m,
         events=events,
+        lock_wait_s=settings.lock_wait_s,
     )
     binder.on_release = flow.node_lock_changed
     return apps.Deps(

@@ -351,9 +351,9 @@ def test_bind_waits_for_a_node_lock_held_by_another_pods_allocate(cache: fakes.F
     assert binder.bound == {"default/p": "n-free"}
     # With no time left to wait, contention is an error and everything is rolled back.
     binder.locks["n-free"] = "default/other"
-    deps.flow.lock_wait_s = 0.0
-    deps.flow.remember(resources.parse_pod(fakes.gpu_pod("q", mem=1000)))
-    err = asyncio.run(deps.flow.bind(wire.ExtenderBindingArgs("q", "default", "uid-q", "n-free")))
+    impatient = fakes.make_deps(cache, binder, settings=config.Settings(lock_wait_s=0.0))
+    impatient.flow.remember(resources.parse_pod(fakes.gpu_pod("q", mem=1000)))
+    err = asyncio.run(impatient.flow.bind(wire.ExtenderBindingArgs("q", "default", "uid-q", "n-free")))
     assert err.startswith("lock failed")
     assert "default/q" not in cache.pods
 
