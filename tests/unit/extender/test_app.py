@@ -13,6 +13,7 @@ from gpuslice.codec import keys, pod_devices, resources
 from gpuslice.extender import app as apps
 from gpuslice.extender import config, wire
 from gpuslice.policy import quota as quotas
+from gpuslice.policy import registry
 from tests.unit.builders import node
 from tests.unit.extender import fakes
 
@@ -441,3 +442,44 @@ def test_any_json_body_is_answered_without_5xx(client: TestClient, path: str, bo
     r = client.post(path, content=json.dumps(body))
     assert r.status_code in (200, 400), (r.status_code, r.text)
     assert "Traceback" not in r.text
+
+
+@pytest.mark.parametrize("policy", registry.names(), ids=str)
+def test_every_registered_policy_serves_filter_prioritize_and_bind(
+    cache: fakes.FakeCache, policy: str
+) -> None:
+    binder = fakes.FakeBinder()
+    binder.plugin_releases_lock = True
+    deps = fakes.make_deps(cache, binder)
+    ann = {keys.NODE_SCHEDULER_POLICY: policy, keys.GPU_SCHEDULER_POLICY: policy}
+    names = ["n-free", "n-two", "n-half"]
+    with TestClient(apps.create_app(deps)) as c:
+        for k in range(3):  # several pods, so the workload histogram (FGD's target) is non-empty
+            pod = fakes.gpu_pod(f"p{k}", mem=8000, cores=30, annotations=ann)
+            feasible = c.post("/filter", json=_args(pod, names)).json()["NodeNames"]
+            assert feasible == names
+            scores = c.post("/prioritize", json=_args(pod, feasible)).json()
+            assert [h["Host"] for h in scores] == names and all(0 <= h["Score"] <= 10 for h in scores)
+            best = max(scores, key=lambda h: h["Score"])["Host"]
+            r = c.post(
+                "/bind",
+                json={"PodName": f"p{k}", "PodNamespace": "default", "PodUID": f"uid-p{k}", "Node": best},
+            )
+            assert r.json() == {"Error": ""}
+
+
+def test_verbose_logs_one_line_per_node_and_card(
+    cache: fakes.FakeCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    deps = fakes.make_deps(cache, settings=config.Settings(verbosity=5))
+    with caplog.at_level(logging.INFO, logger="gpuslice.extender"), TestClient(apps.create_app(deps)) as c:
+        c.post("/filter", json=_args(fakes.gpu_pod("p", mem=8000), ["n-free", "n-full", "n-two"]))
+    lines = [r.getMessage() for r in caplog.records]
+    node_lines = [m for m in lines if m.startswith("filter node ")]
+    card_lines = [m for m in lines if m.startswith("filter card ")]
+    assert len(node_lines) == 3  # one per node
+    assert len(card_lines) == 4  # one per card: 1 + 1 + 2
+    assert any("node=n-full feasible=False" in m and "InsufficientGPUMemory" in m for m in node_lines)
+    assert any("uuid=GPU-n-two-1" in m and "free_mem=81920" in m and "req_mem=8000" in m for m in card_lines)
