@@ -327,6 +327,35 @@ async def _create_pods(kube: Any, ns: str, n: int, scheduler: str) -> None:
     await asyncio.gather(*(one(k) for k in range(n)))
 
 
+def _cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) of this process and every descendant, by command name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    info: dict[int, tuple[str, float]] = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ppid, utime, stime = int(fields[1]), int(fields[11]), int(fields[12])
+        children.setdefault(ppid, []).append(int(entry.name))
+        info[int(entry.name)] = (comm, (utime + stime) / tick)
+    out: dict[str, float] = {}
+    todo = [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        if pid in info:
+            comm, cpu = info[pid]
+            name = "bench (nodesim + watch)" if pid == os.getpid() else comm
+            out[name] = out.get(name, 0.0) + cpu
+        todo.extend(children.get(pid, []))
+    return out
+
+
 async def _measure(
     cp: Any, kubeconfig: pathlib.Path, ns: str, n: int, scheduler: str, config_yaml: str
 ) -> dict[str, Any]:
@@ -346,12 +375,14 @@ async def _measure(
     watch = asyncio.create_task(inf.run())
     try:
         await _create_pods(kube, ns, n, scheduler)
+        cpu_before = _cpu_seconds()
         t_start = time.perf_counter()
         await asyncio.to_thread(cp.start_scheduler, config_yaml)
         deadline = time.perf_counter() + 600
         while len(bound) < n and time.perf_counter() < deadline:
             await asyncio.sleep(0.05)
         times = sorted(bound.values())
+        cpu_after = _cpu_seconds()
     finally:
         await asyncio.to_thread(cp.stop_scheduler)
         watch.cancel()
@@ -366,6 +397,11 @@ async def _measure(
         "first_bind_after_start_s": round(times[0] - t_start, 3),
         "bind_span_s": round(span, 3),
         "pods_per_s": round((len(times) - 1) / span, 1) if span > 0 else float("inf"),
+        "cpu_seconds_by_process": {
+            k: round(cpu_after.get(k, 0.0) - v, 2)
+            for k, v in cpu_before.items()
+            if cpu_after.get(k, 0.0) - v >= 0.05
+        },
     }
 
 
