@@ -195,7 +195,7 @@ class BindFlow:
         lock = self._locks.setdefault(node, asyncio.Lock())
         try:
             async with lock:
-                return await self._commit(ns, name, uid, node, key, alloc, now)
+                return await self._commit(ns, name, uid, node, key, alloc)
         except BaseException:
             self.cache.forget(key)
             raise
@@ -212,10 +212,10 @@ class BindFlow:
         return ""
 
     async def _commit(
-        self, ns: str, name: str, uid: str, node: str, key: str, alloc: allocations.PodAllocation, now: float
+        self, ns: str, name: str, uid: str, node: str, key: str, alloc: allocations.PodAllocation
     ) -> str:
         locked = annotated = False
-        annotations = pod_devices.bind_annotations(alloc, now)
+        annotations = pod_devices.bind_annotations(alloc, self.clock())  # the time of the write
         marks = [self.clock()]
         try:
             await self._waiter.acquire(node, ns, name)
