@@ -4,11 +4,12 @@
 in the cache with no ``await`` in between (the cache re-checks the cards atomically), so no
 interleaving of concurrent binds can hand the same capacity to two pods, and the reservation is
 visible to the next filter at once. Then, under an in-process lock per node that orders the API
-calls of binds to one node, it takes HAMi's node lock, writes the
-pod annotations (``vgpu-node`` + label, ``vgpu-time``, both device keys, ``bind-phase:
+calls of binds to one node, it takes HAMi's node lock (waiting briefly, see ``nodelock``), writes
+the pod annotations (``vgpu-node`` + label, ``vgpu-time``, both device keys, ``bind-phase:
 allocating``, ``bind-time``) and POSTs the Binding with the pod UID. Any failure rolls everything
 back (forget the assumption, remove the annotations, release the node lock) and is answered as
 ``Error``, never as an exception. A repeated bind of a pod already bound to the node succeeds.
+The node lock stays held after success: the device plugin releases it after ``Allocate``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def describe(alloc: allocations.PodAllocation) -> str:
 
 @dataclasses.dataclass
 class BindFlow:
-    """The bind verb's state: the memo of recently filtered pods and the per-node locks."""
+    """The bind verb's state: per-pod memos, per-node locks, lock waits and requeue nudges."""
 
     cache: view.Cache
     binder: binders.Binder
