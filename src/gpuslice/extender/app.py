@@ -91,12 +91,30 @@ def _decode(decoder: msgspec.json.Decoder[T], data: bytes) -> T:
         raise BadRequest(f"malformed JSON: {err}") from None
 
 
-def _parse(deps: Deps, pod: wire.Pod) -> requests.PodRequest | str:
-    """The pod's GPU request, or the reason it is invalid."""
-    try:
-        return resources.parse_pod(pod.to_dict(), deps.settings.request_config)
-    except codec_errors.DecodeError as err:
-        return str(err)
+class _Requests:
+    """Parsed pod requests by UID and resourceVersion: a pod is parsed once, not on every verb.
+
+    Any change to a pod (annotations included) bumps its resourceVersion, so a hit is exact.
+    """
+
+    def __init__(self, config_: config.Settings) -> None:
+        self._config = config_.request_config
+        self._memo = memo.Memo(4096)
+
+    def parse(self, pod: wire.Pod) -> requests.PodRequest | str:
+        """The pod's GPU request, or the reason it is invalid."""
+        meta = pod.metadata
+        hit = self._memo.get(meta.uid) if meta.uid and meta.resource_version else None
+        if hit is not None and hit[0] == meta.resource_version:
+            parsed: requests.PodRequest | str = hit[1]
+            return parsed
+        try:
+            parsed = resources.parse_pod(pod.to_dict(), self._config)
+        except codec_errors.DecodeError as err:
+            parsed = str(err)
+        if meta.uid and meta.resource_version:
+            self._memo.put(meta.uid, (meta.resource_version, parsed))
+        return parsed
 
 
 class _Shapes:
@@ -131,6 +149,7 @@ def create_app(deps: Deps) -> Starlette:
     log = deps.log
     score_memo = memo.Memo(1024)  # uid -> (node states, scores) from filter, for prioritize
     workload = _Shapes(deps.cache)
+    parsed = _Requests(deps.settings)
     seen = memo.Memo(20_000)  # pods already counted in the workload histogram
 
     def endpoint(
@@ -153,7 +172,7 @@ def create_app(deps: Deps) -> Starlette:
     async def filter_(data: bytes) -> bytes:
         args = _decode(wire.FILTER_DECODER, data)
         names = args.node_names or []
-        pod = _parse(deps, args.pod)
+        pod = parsed.parse(args.pod)
         meta = args.pod.metadata
         if isinstance(pod, str):
             outcome = scheduling.reject_all(names, status.INVALID_REQUEST)
@@ -194,7 +213,7 @@ def create_app(deps: Deps) -> Starlette:
     async def prioritize(data: bytes) -> bytes:
         args = _decode(wire.PRIORITIZE_DECODER, data)
         names = args.node_names or []
-        pod = _parse(deps, args.pod)
+        pod = parsed.parse(args.pod)
         if isinstance(pod, str):
             scores = dict.fromkeys(names, 0)
         else:
@@ -222,7 +241,7 @@ def create_app(deps: Deps) -> Starlette:
 
     async def preempt_(data: bytes) -> bytes:
         args = _decode(wire.PREEMPT_DECODER, data)
-        pod = _parse(deps, args.pod)
+        pod = parsed.parse(args.pod)
         victims = args.node_name_to_meta_victims or {}
         if isinstance(pod, str):
             kept = preempt.keep_nonempty(victims)

@@ -49,6 +49,7 @@ class ObjectMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     name: str = ""
     namespace: str = "default"
     uid: str = ""
+    resource_version: str = msgspec.field(default="", name="resourceVersion")
     annotations: dict[str, str] | None = None
     labels: dict[str, str] | None = None
 

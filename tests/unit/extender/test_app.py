@@ -483,3 +483,13 @@ def test_verbose_logs_one_line_per_node_and_card(
     assert len(card_lines) == 4  # one per card: 1 + 1 + 2
     assert any("node=n-full feasible=False" in m and "InsufficientGPUMemory" in m for m in node_lines)
     assert any("uuid=GPU-n-two-1" in m and "free_mem=81920" in m and "req_mem=8000" in m for m in card_lines)
+
+
+def test_parsed_requests_are_reused_only_for_the_same_resource_version(client: TestClient) -> None:
+    one = fakes.gpu_pod("p", gpu=1)
+    one["metadata"]["resourceVersion"] = "1"
+    assert client.post("/filter", json=_args(one, ["n-free"])).json()["NodeNames"] == ["n-free"]
+    two = fakes.gpu_pod("p", gpu=2)  # same UID, changed: a new resourceVersion
+    two["metadata"]["resourceVersion"] = "2"
+    body = client.post("/filter", json=_args(two, ["n-free"])).json()
+    assert body["FailedAndUnresolvableNodes"] == {"n-free": "InsufficientGPUCount"}
