@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from gpuslice.extender import logs, view
 from gpuslice.model import requests, status
 from gpuslice.policy import batch, fit, registry, shares
@@ -95,11 +97,10 @@ def filter_nodes(
     if log.enabled(4):
         _log_evaluation(log, pod, ev)
     # Feasible nodes in bulk (the common case), then the failures one by one.
-    ok = ev.feasible.tolist()
-    scores = ev.scores.tolist()
+    idx = np.flatnonzero(ev.feasible)
     names_ = ev.names
-    out.feasible = [n for n, f in zip(names_, ok, strict=True) if f]
-    out.scores = {n: sc for n, f, sc in zip(names_, ok, scores, strict=True) if f}
+    out.feasible = list(names_) if len(idx) == len(names_) else [names_[i] for i in idx.tolist()]
+    out.scores = dict(zip(out.feasible, ev.scores[idx].tolist(), strict=True))
     if out.feasible:
         out.reasons[FEASIBLE] = len(out.feasible)
     for name, (st, _) in ev.failures.items():
