@@ -224,6 +224,7 @@ def create_app(deps: Deps) -> Starlette:
             else:
                 scores = scheduling.rescore(snap, pod, names, deps.policies, log, *memo)
             deps.flow.remember_scores(pod.uid, scores)
+            scores = scheduling.candidate_step(deps.policies.node(pod), scores, scheduling.context(snap))
         out = wire.priorities(scores)
         by_wire: collections.Counter[int] = collections.Counter()
         for internal, n in collections.Counter(scores.values()).items():

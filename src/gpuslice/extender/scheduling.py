@@ -42,8 +42,28 @@ class Policies:
         return self.by_name.get(pod.node_policy or self.node_default)
 
     def card(self, pod: requests.PodRequest) -> registry.Policy | None:
-        """The pod's card policy (per-pod override first); None for an unknown override."""
-        return self.by_name.get(pod.card_policy or self.card_default)
+        """The pod's card policy (per-pod override first), bound to the pod; None if unknown.
+
+        Binding it to the pod gives pod-aware card rules (FGD weighs the host CPU the pod takes
+        too) the same view the simulator gives them; other policies are unaffected.
+        """
+        policy = self.by_name.get(pod.card_policy or self.card_default)
+        return None if policy is None else shares.PodBound(policy, pod)
+
+
+def candidate_step(
+    policy: registry.Policy | None, scores: dict[str, int], ctx: registry.Context
+) -> dict[str, int]:
+    """Apply a policy's batch step over the nodes of one prioritize request.
+
+    Some policies are defined relative to the candidates (BestFit's min-max normalization, Random's
+    single winner); the simulator applies the same step over its feasible nodes.
+    """
+    if policy is None or not scores:
+        return scores
+    names = list(scores)
+    stepped = shares.normalize(policy, np.array([scores[n] for n in names], np.int64), ctx)
+    return {n: int(v) for n, v in zip(names, stepped.tolist(), strict=True)}
 
 
 @dataclasses.dataclass

@@ -493,3 +493,12 @@ def test_parsed_requests_are_reused_only_for_the_same_resource_version(client: T
     two["metadata"]["resourceVersion"] = "2"
     body = client.post("/filter", json=_args(two, ["n-free"])).json()
     assert body["FailedAndUnresolvableNodes"] == {"n-free": "InsufficientGPUCount"}
+
+
+def test_prioritize_applies_bestfit_min_max_step_over_the_candidates(client: TestClient) -> None:
+    # BestFit is defined relative to the candidates: (raw - lo) * 100 // (hi - lo). The emptiest
+    # candidate (n-free) must map to 0 and the fullest (n-half) to 100 -> wire 10, whatever the raw
+    # values; without the batch step both would keep their raw scores.
+    pod = fakes.gpu_pod("p", mem=8000, cores=30, annotations={keys.NODE_SCHEDULER_POLICY: "bestfit"})
+    body = client.post("/prioritize", json=_args(pod, ["n-free", "n-half"])).json()
+    assert [h["Score"] for h in body] == [0, 10]
