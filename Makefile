@@ -40,10 +40,18 @@ test-integration: $(STAMP) control-plane
 	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
 	  $(PY) -m pytest tests/integration -m integration -q
 
-test: lint typecheck test-unit test-integration
+test-e2e: $(STAMP) control-plane
+	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
+	  $(PY) -m pytest tests/e2e -m e2e -q
 
-bench: $(STAMP)
-	$(PY) -m bench.run_all
+test: lint typecheck test-unit test-integration test-e2e
+
+# Benchmarks report medians and ratios from one run on this machine; results go to out/.
+bench: $(STAMP) control-plane
+	mkdir -p out
+	$(PY) bench/bench_filter.py
+	$(PY) bench/bench_sim.py
+	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) $(PY) bench/bench_extender.py all
 
 clean:
 	rm -rf $(VENV) out
