@@ -2,10 +2,9 @@
 
 from gpuslice.policy import (
     balanced,  # noqa: F401
-    binpack,  # noqa: F401
+    fill,  # noqa: F401
     fragmentation,  # noqa: F401
     lookahead,  # noqa: F401
     paper,  # noqa: F401
-    spread,  # noqa: F401
     topology,  # noqa: F401
 )
