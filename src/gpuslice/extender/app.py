@@ -8,7 +8,6 @@ lifespan enters the injected background services (informers, event worker) and s
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import time
@@ -16,7 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequ
 from typing import TypedDict, TypeVar
 
 import msgspec
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -101,6 +101,14 @@ class _Requests:
         self._config = config_.request_config
         self._memo = memo.Memo(4096)
 
+    def cached(self, uid: str, resource_version: str) -> requests.PodRequest | str | None:
+        """The parse result of this exact pod version, or None when it was not parsed yet."""
+        hit = self._memo.get(uid) if uid and resource_version else None
+        if hit is not None and hit[0] == resource_version:
+            parsed: requests.PodRequest | str = hit[1]
+            return parsed
+        return None
+
     def parse(self, pod: wire.Pod) -> requests.PodRequest | str:
         """The pod's GPU request, or the reason it is invalid."""
         meta = pod.metadata
@@ -142,19 +150,38 @@ class _Shapes:
             self._last = now
 
 
+class _LazyChildren:
+    """A counter's children for the labels ``"0"``..``"10"``, resolved on first use."""
+
+    def __init__(self, counter: Counter) -> None:
+        self._counter = counter
+        self._children: dict[int, Counter] = {}
+
+    def __getitem__(self, value: int) -> Counter:
+        child = self._children.get(value)
+        if child is None:
+            child = self._children[value] = self._counter.labels(str(value))
+        return child
+
+
 def create_app(deps: Deps) -> Starlette:
     """Build the app around ``deps`` (see the module docstring)."""
     limit = deps.settings.body_limit_bytes
     m = deps.metrics
     log = deps.log
-    score_memo = memo.Memo(1024)  # uid -> (node states, scores) from filter, for prioritize
+    score_memo = memo.Memo(1024)  # uid -> scheduling.Filtered, for prioritize
     workload = _Shapes(deps.cache)
     parsed = _Requests(deps.settings)
     seen = memo.Memo(20_000)  # pods already counted in the workload histogram
+    reason_counts: dict[str, Counter] = {}  # metric children resolved once per label value
+    score_counts = _LazyChildren(m.scores)
 
     def endpoint(
         verb: str, handle: Callable[[bytes], Awaitable[bytes]]
     ) -> Callable[[Request], Awaitable[Response]]:
+        latency = m.latency.labels(verb)
+        counts: dict[int, Counter] = {}  # status code -> counter child, resolved once
+
         async def run(request: Request) -> Response:
             start = time.perf_counter()
             try:
@@ -163,8 +190,12 @@ def create_app(deps: Deps) -> Starlette:
             except BadRequest as err:
                 log.v(2, "bad request", verb=verb, status=err.status_code, err=str(err))
                 response = PlainTextResponse(str(err), status_code=err.status_code)
-            m.latency.labels(verb).observe(time.perf_counter() - start)
-            m.requests.labels(verb, str(response.status_code)).inc()
+            latency.observe(time.perf_counter() - start)
+            code = response.status_code
+            child = counts.get(code)
+            if child is None:
+                child = counts[code] = m.requests.labels(verb, str(code))
+            child.inc()
             return response
 
         return run
@@ -193,8 +224,11 @@ def create_app(deps: Deps) -> Starlette:
                 workload.add(scheduling.shape(snap, pod, names))
             outcome = scheduling.filter_nodes(snap, pod, names, deps.policies, log, deps.invalid_nodes)
             deps.flow.remember(pod)
-            if pod.uid and outcome.scores:
-                score_memo.put(pod.uid, (snap.nodes, outcome.scores))
+            if pod.uid and outcome.scores is not None and outcome.feasible:
+                filtered = scheduling.Filtered(
+                    meta.resource_version, snap.nodes, outcome.feasible, outcome.scores
+                )
+                score_memo.put(pod.uid, filtered)
             summary = "Filter: " + scheduling.summary(outcome)
             deps.flow.mark_unschedulable(pod.uid, pod.wants_gpu and not outcome.feasible)
             if outcome.feasible:
@@ -204,34 +238,43 @@ def create_app(deps: Deps) -> Starlette:
                 deps.events.record(
                     meta.namespace, meta.name, meta.uid, "Warning", "FilteringFailed", "Filter", summary
                 )
-        for reason, n in outcome.reasons.items():
-            m.filter_nodes.labels(reason).inc(n)
-        log.v(2, "filter", pod=args.pod.key, summary=scheduling.summary(outcome))
+        for reason, n in outcome.reasons.items():  # a few reason codes, not one per node
+            reason_child = reason_counts.get(reason)
+            if reason_child is None:
+                reason_child = reason_counts[reason] = m.filter_nodes.labels(reason)
+            reason_child.inc(n)
+        if log.enabled(2):
+            log.v(2, "filter", pod=args.pod.key, summary=scheduling.summary(outcome))
         result = wire.ExtenderFilterResult(outcome.feasible, outcome.failed, outcome.unresolvable)
         return wire.ENCODER.encode(result)
 
     async def prioritize(data: bytes) -> bytes:
-        args = _decode(wire.PRIORITIZE_DECODER, data)
-        names = args.node_names or []
-        pod = parsed.parse(args.pod)
+        # After a filter of the same pod version, only its key and the names are decoded.
+        key = _decode(wire.PRIORITIZE_KEY_DECODER, data)
+        names = key.node_names or []
+        uid, version = key.pod.metadata.uid, key.pod.metadata.resource_version
+        filtered: scheduling.Filtered | None = score_memo.get(uid) if uid else None
+        pod = parsed.cached(uid, version) if filtered and filtered.resource_version == version else None
+        if pod is None:
+            filtered = None
+            pod = parsed.parse(_decode(wire.PRIORITIZE_DECODER, data).pod)
         if isinstance(pod, str):
-            scores = dict.fromkeys(names, 0)
+            scores = np.zeros(len(names), np.int64)
         else:
             snap = deps.cache.snapshot()
-            memo = score_memo.pop(pod.uid, None)
-            if memo is None:
+            if filtered is None:
                 scores = scheduling.score_nodes(snap, pod, names, deps.policies, log)
             else:
-                scores = scheduling.rescore(snap, pod, names, deps.policies, log, *memo)
-            deps.flow.remember_scores(pod.uid, scores)
+                scores = scheduling.rescore(snap, pod, names, deps.policies, log, filtered)
+            deps.flow.remember_scores(pod.uid, names, scores)
             scores = scheduling.candidate_step(deps.policies.node(pod), scores, scheduling.context(snap))
-        out = wire.priorities(scores)
-        by_wire: collections.Counter[int] = collections.Counter()
-        for internal, n in collections.Counter(scores.values()).items():
-            by_wire[wire.to_extender_score(internal)] += n
-        for value, n in by_wire.items():
-            m.scores.labels(str(value)).inc(n)
-        return wire.ENCODER.encode(out)
+        wire_scores = wire.extender_scores(scores)
+        for value, n in enumerate(
+            np.bincount(wire_scores, minlength=wire.MAX_EXTENDER_PRIORITY + 1).tolist()
+        ):
+            if n:
+                score_counts[value].inc(n)
+        return wire.encode_priorities(names, wire_scores)
 
     async def bind(data: bytes) -> bytes:
         args = _decode(wire.BIND_DECODER, data)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import heapq
-import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
+
+import numpy as np
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import pod_devices, resources
@@ -104,11 +104,14 @@ class BindFlow:
         if uid:
             self._filters.put(uid, summary)
 
-    def remember_scores(self, uid: str, scores: Mapping[str, int]) -> None:
-        """Keep the best prioritize scores for the bind event."""
-        if uid:
-            top = heapq.nlargest(3, scores.items(), key=operator.itemgetter(1))
-            self._scores.put(uid, top)
+    def remember_scores(self, uid: str, names: Sequence[str], scores: np.ndarray) -> None:
+        """Keep the best three prioritize scores (internal, ``names`` order) for the bind event.
+
+        Ties keep the input order.
+        """
+        if uid and len(names):
+            top = np.argsort(-scores, kind="stable")[:3].tolist()
+            self._scores.put(uid, [(names[i], int(scores[i])) for i in top])
 
     async def bind(self, args: wire.ExtenderBindingArgs) -> str:
         """Bind the pod; returns '' on success, else the error (everything rolled back).

@@ -51,19 +51,15 @@ class Policies:
         return None if policy is None else shares.PodBound(policy, pod)
 
 
-def candidate_step(
-    policy: registry.Policy | None, scores: dict[str, int], ctx: registry.Context
-) -> dict[str, int]:
-    """Apply a policy's batch step over the nodes of one prioritize request.
+def candidate_step(policy: registry.Policy | None, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:
+    """Apply a policy's batch step over the scores of the nodes of one prioritize request.
 
     Some policies are defined relative to the candidates (BestFit's min-max normalization, Random's
     single winner); the simulator applies the same step over its feasible nodes.
     """
-    if policy is None or not scores:
+    if policy is None or not len(scores):
         return scores
-    names = list(scores)
-    stepped = shares.normalize(policy, np.array([scores[n] for n in names], np.int64), ctx)
-    return {n: int(v) for n, v in zip(names, stepped.tolist(), strict=True)}
+    return shares.normalize(policy, scores, ctx)
 
 
 @dataclasses.dataclass
@@ -74,8 +70,8 @@ class FilterOutcome:
     failed: dict[str, str]
     unresolvable: dict[str, str]
     reasons: collections.Counter[str]
-    scores: dict[str, int] = dataclasses.field(default_factory=dict)
-    """Internal 0..100 scores of the feasible nodes (from the batch evaluation), when computed."""
+    scores: np.ndarray | None = None
+    """Internal 0..100 scores of ``feasible`` (same order, from the batch evaluation), when computed."""
 
 
 def context(snap: Any) -> registry.Context:
@@ -120,7 +116,7 @@ def filter_nodes(
     idx = np.flatnonzero(ev.feasible)
     names_ = ev.names
     out.feasible = list(names_) if len(idx) == len(names_) else [names_[i] for i in idx.tolist()]
-    out.scores = dict(zip(out.feasible, ev.scores[idx].tolist(), strict=True))
+    out.scores = ev.scores[idx]
     if out.feasible:
         out.reasons[FEASIBLE] = len(out.feasible)
     for name, (st, _) in ev.failures.items():
@@ -213,24 +209,41 @@ def score_nodes(
     names: Sequence[str],
     policies: Policies,
     log: logs.Log,
-) -> dict[str, int]:
-    """Internal 0..100 scores of ``names``; unknown nodes and GPU-less pods score 0."""
+) -> np.ndarray:
+    """Internal 0..100 scores of ``names`` (int64, same order); unknown nodes and GPU-less pods score 0."""
     node_policy = policies.node(pod)
     if node_policy is None or not pod.wants_gpu:
-        return dict.fromkeys(names, 0)
+        return np.zeros(len(names), np.int64)
     ctx = context(snap)
     if log.enabled(4) or view.columns(snap) is None:
-        out: dict[str, int] = {}
-        for name in names:
+        out = np.zeros(len(names), np.int64)
+        for i, name in enumerate(names):
             state = view.node_state(snap, name)
             score = 0 if state is None else node_policy.score_node(state, pod, ctx).score
-            out[name] = score
+            out[i] = score
             log.v(4, "score node", pod=pod.name, node=name, policy=node_policy.name, score=score)
         return out
     card_policy = policies.card(pod) or node_policy
     quota = view.quota(snap, pod.namespace)
     ev = batch.evaluate(snap.nodes, view.columns(snap), names, pod, node_policy, card_policy, ctx, quota)
-    return {name: max(0, int(ev.scores[i])) for i, name in enumerate(ev.names)}
+    return np.maximum(ev.scores, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Filtered:
+    """What a filter computed for one pod, kept for its prioritize.
+
+    Attributes:
+        resource_version: the pod's resourceVersion when filtered (a changed pod is a miss).
+        nodes: the snapshot's node map then; unchanged nodes keep the same ``NodeState`` object.
+        names: the feasible nodes, in the order returned to kube-scheduler.
+        scores: their internal scores, same order.
+    """
+
+    resource_version: str
+    nodes: Mapping[str, Any]
+    names: list[str]
+    scores: np.ndarray
 
 
 def rescore(
@@ -239,32 +252,33 @@ def rescore(
     names: Sequence[str],
     policies: Policies,
     log: logs.Log,
-    old_nodes: Mapping[str, Any],
-    old_scores: Mapping[str, int],
-) -> dict[str, int]:
+    filtered: Filtered,
+) -> np.ndarray:
     """Scores from the filter's evaluation, recomputed only for nodes whose state changed since.
 
     Unchanged nodes keep the very same ``NodeState`` object across snapshots, so an identity check
-    tells which scores are still exact.
+    tells which scores are still exact. The common case (the same snapshot and the filter's own
+    answer as candidates) returns the filter's array as is.
     """
     node_policy = policies.node(pod)
     if node_policy is None or not pod.wants_gpu:
-        return dict.fromkeys(names, 0)
+        return np.zeros(len(names), np.int64)
     nodes_now = snap.nodes
-    if nodes_now is old_nodes and all(n in old_scores for n in names):
-        return {name: old_scores[name] for name in names}  # the same snapshot: nothing changed
-    out: dict[str, int] = {}
-    stale: list[str] = []
-    for name in names:
+    if nodes_now is filtered.nodes and names == filtered.names:
+        return filtered.scores  # the same snapshot and nodes: nothing changed
+    old_nodes = filtered.nodes
+    old_scores = dict(zip(filtered.names, filtered.scores.tolist(), strict=True))
+    out = np.zeros(len(names), np.int64)
+    stale: list[int] = []
+    for i, name in enumerate(names):
         score = old_scores.get(name)
         state = nodes_now.get(name)
         if score is not None and state is not None and state is old_nodes.get(name):
-            out[name] = score
+            out[i] = score
         else:
-            stale.append(name)
+            stale.append(i)
     if stale:
-        out.update(score_nodes(snap, pod, stale, policies, log))
-        out = {name: out[name] for name in names}
+        out[stale] = score_nodes(snap, pod, [names[i] for i in stale], policies, log)
     return out
 
 

@@ -10,9 +10,12 @@ Scores are converted from the policies' 0..100 to the extender's 0..10 here and 
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from gpuslice.policy import registry
 
@@ -70,6 +73,26 @@ class Pod(msgspec.Struct, frozen=True, omit_defaults=True):
         out: dict[str, Any] = msgspec.to_builtins(self)
         out.setdefault("metadata", {})["namespace"] = self.metadata.namespace
         return out
+
+
+class PodKeyMeta(msgspec.Struct, frozen=True):
+    """Only ``metadata.uid`` and ``metadata.resourceVersion`` (the prioritize memo's key)."""
+
+    uid: str = ""
+    resource_version: str = msgspec.field(default="", name="resourceVersion")
+
+
+class PodKey(msgspec.Struct, frozen=True):
+    """A ``v1.Pod`` reduced to its memo key; everything else is skipped unparsed."""
+
+    metadata: PodKeyMeta = msgspec.field(default_factory=PodKeyMeta)
+
+
+class ExtenderArgsKey(msgspec.Struct, frozen=True, rename="pascal"):
+    """``ExtenderArgs`` with the pod reduced to its key: prioritize's decode when filter memoized it."""
+
+    pod: PodKey
+    node_names: list[str] | None = None
 
 
 class ExtenderArgs(msgspec.Struct, frozen=True, rename="pascal"):
@@ -138,6 +161,7 @@ class ExtenderPreemptionResult(msgspec.Struct, rename="pascal"):
 
 FILTER_DECODER = msgspec.json.Decoder(ExtenderArgs)
 PRIORITIZE_DECODER = FILTER_DECODER
+PRIORITIZE_KEY_DECODER = msgspec.json.Decoder(ExtenderArgsKey)
 BIND_DECODER = msgspec.json.Decoder(ExtenderBindingArgs)
 PREEMPT_DECODER = msgspec.json.Decoder(ExtenderPreemptionArgs)
 ENCODER = msgspec.json.Encoder()
@@ -161,3 +185,48 @@ def priorities(scores: dict[str, int]) -> list[HostPriority]:
     return [
         HostPriority(name, table[s] if 0 <= s <= top else to_extender_score(s)) for name, s in scores.items()
     ]
+
+
+_TABLE_NP = np.array(_TABLE, np.int64)
+_SCORE_TAILS = tuple(f"{v}}},".encode() for v in range(MAX_EXTENDER_PRIORITY + 1))
+_HOST_HEADS: dict[str, bytes] = {}
+_HOST_HEADS_MAX = 1 << 16
+
+
+def extender_scores(scores: np.ndarray) -> np.ndarray:
+    """``to_extender_score`` over an array of internal scores (clamped to 0..``MAX_SCORE``)."""
+    out: np.ndarray = _TABLE_NP.take(scores, mode="clip")  # clip mode clamps the index to 0..MAX_SCORE
+    return out
+
+
+def _heads(names: Sequence[str]) -> Sequence[bytes]:
+    """``{"Host":"<name>","Score":`` for each name, from a cache (node names repeat every request)."""
+    heads = _HOST_HEADS
+    try:
+        found: Sequence[bytes] = operator.itemgetter(*names)(heads)
+    except KeyError:
+        if len(heads) + len(names) > _HOST_HEADS_MAX:
+            heads.clear()
+        for name in names:
+            if name not in heads:
+                heads[name] = b'{"Host":' + ENCODER.encode(name) + b',"Score":'
+        found = operator.itemgetter(*names)(heads)
+    return found
+
+
+def encode_priorities(names: Sequence[str], wire_scores: np.ndarray) -> bytes:
+    """The ``prioritize`` answer as JSON bytes: ``[{"Host": name, "Score": 0..10}, ...]`` in order.
+
+    The same bytes as encoding ``priorities``' structs, built by one join of cached per-host heads
+    and per-score tails, so nothing is allocated per host. ``wire_scores`` are 0..10.
+    """
+    n = len(names)
+    if n < 2:  # itemgetter of one key returns the item, not a tuple
+        return ENCODER.encode(
+            [HostPriority(name, int(s)) for name, s in zip(names, wire_scores.tolist(), strict=True)]
+        )
+    parts: list[bytes] = [b""] * (2 * n)
+    parts[0::2] = _heads(names)
+    parts[1::2] = operator.itemgetter(*wire_scores.tolist())(_SCORE_TAILS)
+    joined = b"".join(parts)
+    return b"[" + joined[:-1] + b"]"  # drop the last tail's comma

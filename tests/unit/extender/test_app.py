@@ -151,6 +151,45 @@ def test_prioritize_rescores_nodes_changed_since_filter(client: TestClient, cach
     assert after[1] == before[1]
 
 
+class _FrozenCache(fakes.FakeCache):
+    """One snapshot object for every call: the real cache's behaviour while nothing changes."""
+
+    def __init__(self) -> None:
+        super().__init__(list(_cache().base.values()), invalid=frozenset({"bad"}))
+        self._snap: fakes.Snapshot | None = None
+
+    def snapshot(self) -> fakes.Snapshot:
+        if self._snap is None:
+            self._snap = super().snapshot()
+        return self._snap
+
+
+def _versioned(pod: dict[str, Any], version: str) -> dict[str, Any]:
+    pod["metadata"]["resourceVersion"] = version
+    return pod
+
+
+def test_prioritize_after_filter_on_the_same_snapshot_reuses_filter_scores() -> None:
+    names = ["n-free", "n-half", "n-two"]
+    with TestClient(apps.create_app(fakes.make_deps(_FrozenCache()))) as c:
+        pod = _versioned(fakes.gpu_pod("p", mem=8000, cores=30), "1")
+        cold = c.post(
+            "/prioritize", json=_args(_versioned(fakes.gpu_pod("q", mem=8000, cores=30), "1"), names)
+        )
+        feasible = c.post("/filter", json=_args(pod, names)).json()["NodeNames"]
+        assert feasible == names
+        warm = c.post("/prioritize", json=_args(pod, feasible)).json()
+        # The same pod shape on the same snapshot: the memoized scores equal a fresh computation.
+        assert warm == cold.json()
+        # binpack: n-half (48000/81920 used after the pod) over n-free and n-two (8000/81920).
+        assert warm[1]["Score"] > warm[0]["Score"]
+        # A new version of the pod asking for 30000 MiB is parsed again, not served from the memo:
+        # n-half ends at 70000/81920 used instead of 48000/81920, so its score rises.
+        bigger = _versioned(fakes.gpu_pod("p", mem=30000, cores=30), "2")
+        after = c.post("/prioritize", json=_args(bigger, feasible)).json()
+        assert after[1]["Score"] > warm[1]["Score"]
+
+
 def test_bind_writes_hami_annotations_and_binds(
     client: TestClient, cache: fakes.FakeCache, binder: fakes.FakeBinder
 ) -> None:

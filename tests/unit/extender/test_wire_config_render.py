@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 import yaml
 
@@ -34,6 +35,30 @@ def test_wire_keys_are_pascal_case_with_go_acronyms() -> None:
         wire.ENCODER.encode(result)
         == b'{"NodeNames":[],"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}'
     )
+
+
+@pytest.mark.parametrize(
+    "names",
+    [[], ["n1"], ["n1", "n2", "n1"], ['odd"name\\', "n2", "ünï"]],
+    ids=["none", "one", "repeated", "escaped"],
+)
+def test_encode_priorities_matches_struct_encoding(names: list[str]) -> None:
+    internal = np.array([(37 * i) % 101 for i in range(len(names))], np.int64)  # 0, 37, 74
+    wire_scores = wire.extender_scores(internal)
+    expected = wire.ENCODER.encode(
+        [wire.HostPriority(n, wire.to_extender_score(int(s))) for n, s in zip(names, internal, strict=True)]
+    )
+    assert wire.encode_priorities(names, wire_scores) == expected
+    assert wire.encode_priorities(names, wire_scores) == expected  # second call: cached heads
+
+
+def test_prioritize_key_decoder_reads_uid_and_version_only() -> None:
+    body = (
+        b'{"Pod":{"metadata":{"uid":"u","resourceVersion":"7","name":"p"},"spec":{"x":[1]}},'
+        b'"NodeNames":["a"]}'
+    )
+    args = wire.PRIORITIZE_KEY_DECODER.decode(body)
+    assert (args.pod.metadata.uid, args.pod.metadata.resource_version, args.node_names) == ("u", "7", ["a"])
 
 
 def test_pod_decodes_only_needed_fields_and_ignores_unknown() -> None:
