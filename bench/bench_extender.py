@@ -160,6 +160,11 @@ def _pod(k: int) -> dict[str, Any]:
     }
 
 
+def _compact(obj: Any) -> bytes:
+    """JSON without spaces, as Go's ``json.Marshal`` (kube-scheduler) writes it."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
 def _get(url: str) -> str:
     import urllib.request
 
@@ -251,13 +256,13 @@ def latency(reps: int, pods: int, seed: int) -> dict[str, Any]:
         body_bytes = 0
         for k in range(reps + 50):
             args = {"Pod": _pod(100_000 + k), "Nodes": None, "NodeNames": batches[k % len(batches)]}
-            body = json.dumps(args).encode()
+            body = _compact(args)
             body_bytes = len(body)
             t0 = time.perf_counter()
             answer = raw.post("/filter", body)
             t1 = time.perf_counter()
             ok = json.loads(answer)["NodeNames"]
-            pbody = json.dumps({"Pod": args["Pod"], "Nodes": None, "NodeNames": ok}).encode()
+            pbody = _compact({"Pod": args["Pod"], "Nodes": None, "NodeNames": ok})
             t2 = time.perf_counter()
             raw.post("/prioritize", pbody)
             t3 = time.perf_counter()
@@ -274,12 +279,12 @@ def latency(reps: int, pods: int, seed: int) -> dict[str, Any]:
         with httpx.Client(base_url=url, timeout=10.0) as client:
             for k in range(reps + 50):
                 args = {"Pod": _pod(k), "Nodes": None, "NodeNames": batches[k % len(batches)]}
-                body = json.dumps(args).encode()
+                body = _compact(args)
                 t0 = time.perf_counter()
                 r = client.post("/filter", content=body, headers={"Content-Type": "application/json"})
                 t1 = time.perf_counter()
                 ok = r.json()["NodeNames"]
-                pbody = json.dumps({"Pod": args["Pod"], "Nodes": None, "NodeNames": ok}).encode()
+                pbody = _compact({"Pod": args["Pod"], "Nodes": None, "NodeNames": ok})
                 t2 = time.perf_counter()
                 r2 = client.post("/prioritize", content=pbody, headers={"Content-Type": "application/json"})
                 t3 = time.perf_counter()

@@ -1,7 +1,8 @@
-"""The extender's HTTP app: ``create_app(deps) -> Starlette``, thin handlers, no globals.
+"""The extender's HTTP app: ``create_app(deps)`` (ASGI), thin handlers, no globals.
 
 Each handler does decode -> ``cache.snapshot()`` -> policy -> encode. Filter and prioritize make no
-API call. Malformed input (bad JSON, wrong types, oversized bodies) is a 4xx with a plain message;
+API call; those two are served on plain ASGI (``_Fast``), the rest through Starlette. Malformed
+input (bad JSON, wrong types, oversized bodies) is a 4xx with a plain message;
 scheduling failures go in the response body (``FailedNodes``, ``Error``), never as a 5xx. The
 lifespan enters the injected background services (informers, event worker) and stops them.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import TypedDict, TypeVar
 
 import msgspec
@@ -21,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import resources
@@ -94,12 +96,15 @@ def _decode(decoder: msgspec.json.Decoder[T], data: bytes) -> T:
 class _Requests:
     """Parsed pod requests by UID and resourceVersion: a pod is parsed once, not on every verb.
 
-    Any change to a pod (annotations included) bumps its resourceVersion, so a hit is exact.
+    Any change to a pod (annotations included) bumps its resourceVersion, so a hit is exact. Pods
+    of one workload share their spec, so the parse is also kept by the decoded parts it reads
+    (containers, init containers, annotations) and only the identity is filled in per pod.
     """
 
     def __init__(self, config_: config.Settings) -> None:
         self._config = config_.request_config
         self._memo = memo.Memo(4096)
+        self._by_spec = memo.Memo(256)
 
     def cached(self, uid: str, resource_version: str) -> requests.PodRequest | str | None:
         """The parse result of this exact pod version, or None when it was not parsed yet."""
@@ -112,14 +117,24 @@ class _Requests:
     def parse(self, pod: wire.Pod) -> requests.PodRequest | str:
         """The pod's GPU request, or the reason it is invalid."""
         meta = pod.metadata
-        hit = self._memo.get(meta.uid) if meta.uid and meta.resource_version else None
-        if hit is not None and hit[0] == meta.resource_version:
-            parsed: requests.PodRequest | str = hit[1]
-            return parsed
-        try:
-            parsed = resources.parse_pod(pod.to_dict(), self._config)
-        except codec_errors.DecodeError as err:
-            parsed = str(err)
+        hit = self.cached(meta.uid, meta.resource_version)
+        if hit is not None:
+            return hit
+        spec_key = wire.ENCODER.encode((pod.spec.containers, pod.spec.init_containers, meta.annotations))
+        template: requests.PodRequest | str | None = self._by_spec.get(spec_key)
+        parsed: requests.PodRequest | str
+        if template is None:
+            try:
+                parsed = resources.parse_pod(pod.to_dict(), self._config)
+            except codec_errors.DecodeError as err:
+                parsed = str(err)
+            self._by_spec.put(spec_key, parsed)
+        elif isinstance(template, str):
+            parsed = template
+        else:
+            parsed = msgspec.structs.replace(
+                template, namespace=meta.namespace or "default", name=meta.name, uid=meta.uid
+            )
         if meta.uid and meta.resource_version:
             self._memo.put(meta.uid, (meta.resource_version, parsed))
         return parsed
@@ -150,6 +165,63 @@ class _Shapes:
             self._last = now
 
 
+class _Fast:
+    """The app: ``filter`` and ``prioritize`` straight on ASGI, everything else through Starlette.
+
+    kube-scheduler calls filter and prioritize once each per pod, serially; skipping Starlette's
+    middleware, routing and Request/Response objects there saves a good part of the per-request
+    cost. The answers are the same (status, content type, body); so are the 4xx for bad input.
+    """
+
+    def __init__(
+        self,
+        inner: Starlette,
+        routes: Mapping[str, Callable[[bytes], Awaitable[tuple[int, bytes, bytes]]]],
+        limit: int,
+    ) -> None:
+        self.inner = inner
+        self._routes = routes
+        self._limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one ASGI connection scope."""
+        route = self._routes.get(scope["path"]) if scope["type"] == "http" else None
+        if route is None or scope["method"] != "POST":
+            await self.inner(scope, receive, send)
+            return
+        try:
+            body = await self._read(scope, receive)
+        except BadRequest as err:
+            status_code, content_type, out = err.status_code, _TEXT, str(err).encode()
+        else:
+            status_code, content_type, out = await route(body)
+        headers = [(b"content-type", content_type), (b"content-length", str(len(out)).encode())]
+        await send({"type": "http.response.start", "status": status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": out})
+
+    async def _read(self, scope: Scope, receive: Receive) -> bytes:
+        for key, value in scope["headers"]:
+            if key == b"content-length" and value.isdigit() and int(value) > self._limit:
+                raise BadRequest(f"request body larger than {self._limit} bytes", 413)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise BadRequest("client disconnected")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._limit:
+                raise BadRequest(f"request body larger than {self._limit} bytes", 413)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+_TEXT = b"text/plain; charset=utf-8"
+_JSON = JSON.encode()
+
+
 class _LazyChildren:
     """A counter's children for the labels ``"0"``..``"10"``, resolved on first use."""
 
@@ -164,7 +236,7 @@ class _LazyChildren:
         return child
 
 
-def create_app(deps: Deps) -> Starlette:
+def create_app(deps: Deps) -> _Fast:
     """Build the app around ``deps`` (see the module docstring)."""
     limit = deps.settings.body_limit_bytes
     m = deps.metrics
@@ -175,6 +247,28 @@ def create_app(deps: Deps) -> Starlette:
     seen = memo.Memo(20_000)  # pods already counted in the workload histogram
     reason_counts: dict[str, Counter] = {}  # metric children resolved once per label value
     score_counts = _LazyChildren(m.scores)
+
+    def raw_endpoint(
+        verb: str, handle: Callable[[bytes], Awaitable[bytes]]
+    ) -> Callable[[bytes], Awaitable[tuple[int, bytes, bytes]]]:
+        latency = m.latency.labels(verb)
+        counts: dict[int, Counter] = {}  # status code -> counter child, resolved once
+
+        async def run(body: bytes) -> tuple[int, bytes, bytes]:
+            start = time.perf_counter()
+            try:
+                answer: tuple[int, bytes, bytes] = (200, _JSON, await handle(body))
+            except BadRequest as err:
+                log.v(2, "bad request", verb=verb, status=err.status_code, err=str(err))
+                answer = (err.status_code, _TEXT, str(err).encode())
+            latency.observe(time.perf_counter() - start)
+            child = counts.get(answer[0])
+            if child is None:
+                child = counts[answer[0]] = m.requests.labels(verb, str(answer[0]))
+            child.inc()
+            return answer
+
+        return run
 
     def endpoint(
         verb: str, handle: Callable[[bytes], Awaitable[bytes]]
@@ -205,6 +299,7 @@ def create_app(deps: Deps) -> Starlette:
         names = args.node_names or []
         pod = parsed.parse(args.pod)
         meta = args.pod.metadata
+        feasible_json: bytes | None = None
         if isinstance(pod, str):
             outcome = scheduling.reject_all(names, status.INVALID_REQUEST)
             deps.events.record(
@@ -224,9 +319,10 @@ def create_app(deps: Deps) -> Starlette:
                 workload.add(scheduling.shape(snap, pod, names))
             outcome = scheduling.filter_nodes(snap, pod, names, deps.policies, log, deps.invalid_nodes)
             deps.flow.remember(pod)
+            feasible_json = wire.ENCODER.encode(outcome.feasible)
             if pod.uid and outcome.scores is not None and outcome.feasible:
                 filtered = scheduling.Filtered(
-                    meta.resource_version, snap.nodes, outcome.feasible, outcome.scores
+                    meta.resource_version, snap.nodes, outcome.feasible, outcome.scores, feasible_json
                 )
                 score_memo.put(pod.uid, filtered)
             summary = "Filter: " + scheduling.summary(outcome)
@@ -245,19 +341,40 @@ def create_app(deps: Deps) -> Starlette:
             reason_child.inc(n)
         if log.enabled(2):
             log.v(2, "filter", pod=args.pod.key, summary=scheduling.summary(outcome))
-        result = wire.ExtenderFilterResult(outcome.feasible, outcome.failed, outcome.unresolvable)
-        return wire.ENCODER.encode(result)
+        if feasible_json is None:
+            result = wire.ExtenderFilterResult(outcome.feasible, outcome.failed, outcome.unresolvable)
+            return wire.ENCODER.encode(result)
+        # ExtenderFilterResult's bytes, reusing the names array encoded for the prioritize memo.
+        return b"".join(
+            (
+                b'{"NodeNames":',
+                feasible_json,
+                b',"FailedNodes":',
+                wire.ENCODER.encode(outcome.failed),
+                b',"FailedAndUnresolvableNodes":',
+                wire.ENCODER.encode(outcome.unresolvable),
+                b',"Error":""}',
+            )
+        )
 
     async def prioritize(data: bytes) -> bytes:
-        # After a filter of the same pod version, only its key and the names are decoded.
+        # After a filter of the same pod version, only its key is decoded and the raw NodeNames are
+        # compared with the filter's answer; no Pod and no name string is built.
         key = _decode(wire.PRIORITIZE_KEY_DECODER, data)
-        names = key.node_names or []
         uid, version = key.pod.metadata.uid, key.pod.metadata.resource_version
+        raw_names = bytes(key.node_names)
         filtered: scheduling.Filtered | None = score_memo.get(uid) if uid else None
         pod = parsed.cached(uid, version) if filtered and filtered.resource_version == version else None
-        if pod is None:
+        if pod is not None and filtered is not None and raw_names == filtered.names_json:
+            names: list[str] = filtered.names
+        elif pod is not None:
+            decoded: list[str] | None = _decode(wire.NAMES_DECODER, raw_names)
+            names = decoded or []
+        else:
             filtered = None
-            pod = parsed.parse(_decode(wire.PRIORITIZE_DECODER, data).pod)
+            args = _decode(wire.PRIORITIZE_DECODER, data)
+            names = args.node_names or []
+            pod = parsed.parse(args.pod)
         if isinstance(pod, str):
             scores = np.zeros(len(names), np.int64)
         else:
@@ -274,6 +391,8 @@ def create_app(deps: Deps) -> Starlette:
         ):
             if n:
                 score_counts[value].inc(n)
+        if filtered is not None and names is filtered.names and wire.plain_names(raw_names):
+            return wire.encode_priorities_raw(raw_names, wire_scores)
         return wire.encode_priorities(names, wire_scores)
 
     async def bind(data: bytes) -> bytes:
@@ -321,4 +440,9 @@ def create_app(deps: Deps) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    fast = {
+        "/filter": raw_endpoint("filter", filter_),
+        "/prioritize": raw_endpoint("prioritize", prioritize),
+        "/score": raw_endpoint("prioritize", prioritize),
+    }
+    return _Fast(Starlette(routes=routes, lifespan=lifespan), fast, limit)

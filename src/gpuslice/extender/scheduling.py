@@ -238,12 +238,14 @@ class Filtered:
         nodes: the snapshot's node map then; unchanged nodes keep the same ``NodeState`` object.
         names: the feasible nodes, in the order returned to kube-scheduler.
         scores: their internal scores, same order.
+        names_json: ``names`` as the JSON array sent (prioritize compares its raw ``NodeNames``).
     """
 
     resource_version: str
     nodes: Mapping[str, Any]
     names: list[str]
     scores: np.ndarray
+    names_json: bytes = b""
 
 
 def rescore(

@@ -4,6 +4,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -541,3 +542,20 @@ def test_prioritize_applies_bestfit_min_max_step_over_the_candidates(client: Tes
     pod = fakes.gpu_pod("p", mem=8000, cores=30, annotations={keys.NODE_SCHEDULER_POLICY: "bestfit"})
     body = client.post("/prioritize", json=_args(pod, ["n-free", "n-half"])).json()
     assert [h["Score"] for h in body] == [0, 10]
+
+
+def test_pods_sharing_a_spec_get_their_own_identity_from_the_spec_memo() -> None:
+    parsed = apps._Requests(config.Settings())
+    decode = msgspec.json.Decoder(wire.Pod).decode
+    a = parsed.parse(decode(json.dumps(_versioned(fakes.gpu_pod("a", mem=4000), "1"))))
+    b = parsed.parse(decode(json.dumps(_versioned(fakes.gpu_pod("b", mem=4000, namespace="team"), "1"))))
+    assert not isinstance(a, str) and not isinstance(b, str)
+    assert (a.namespace, a.name, a.uid) == ("default", "a", "uid-a")
+    assert (b.namespace, b.name, b.uid) == ("team", "b", "uid-b")
+    assert a.containers == b.containers  # 1 card, 4000 MiB each
+    bad = fakes.gpu_pod("c", mem=4000)
+    bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "lots"
+    bad_twin = fakes.gpu_pod("d", mem=4000)
+    bad_twin["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "lots"
+    first, second = parsed.parse(decode(json.dumps(bad))), parsed.parse(decode(json.dumps(bad_twin)))
+    assert isinstance(first, str) and first == second
