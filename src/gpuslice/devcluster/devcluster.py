@@ -188,7 +188,7 @@ class NodeSimThread:
         kubeconfig: admin kubeconfig.
         nodes: node name -> keyword arguments of ``nodesim.make_node`` (model, count, memory_mib,
             numa, ...).
-        workers: simulators (each with its own pod watch) the nodes are split over.
+        workers: handshake queues the nodes are split over (one pod watch and one node watch).
     """
 
     def __init__(self, kubeconfig: Path, nodes: Mapping[str, Mapping[str, Any]], workers: int = 4) -> None:
@@ -236,11 +236,9 @@ class NodeSimThread:
         try:
             for name, spec in self.nodes.items():
                 await nodesim.make_node(kube, name, **spec)
-            # Real nodes each run their own device plugin; one simulator per group of nodes keeps
-            # Allocate handshakes on different nodes concurrent.
-            names = list(self.nodes)
-            groups = [names[k :: self.workers] for k in range(self.workers)]
-            self.sims = [nodesim.NodeSim(kube, nodes=group) for group in groups]
+            # Real nodes each run their own device plugin; the simulator's worker queues keep
+            # Allocate handshakes on different nodes concurrent, behind one pod and one node watch.
+            self.sims = [nodesim.NodeSim(kube, nodes=list(self.nodes), workers=self.workers)]
             self._ready.set()
             await asyncio.gather(*(sim.run() for sim in self.sims))
         except asyncio.CancelledError:

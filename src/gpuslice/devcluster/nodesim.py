@@ -144,6 +144,9 @@ class NodeSim:
         nodes: node names served; None serves every node.
         clock: wall clock for the pod's start time.
         fail: pods for which ``Allocate`` fails (None: it always succeeds).
+        workers: handshake queues; each node always goes to the same one, so handshakes on
+            different nodes run concurrently (as real nodes each run their own device plugin)
+            while one pod watch and one node watch serve them all.
     """
 
     def __init__(
@@ -152,23 +155,55 @@ class NodeSim:
         nodes: Iterable[str] | None = None,
         clock: Callable[[], float] = time.time,
         fail: Callable[[objects.Pod], bool] | None = None,
+        workers: int = 1,
     ):
         self.kube = kube
         self.fail = fail
         self.nodes = None if nodes is None else frozenset(nodes)
         self._clock = clock
-        self._queue: asyncio.Queue[objects.Pod] = asyncio.Queue()
+        self._queues: list[asyncio.Queue[objects.Pod]] = [asyncio.Queue() for _ in range(max(1, workers))]
+        self._queue_of: dict[str, asyncio.Queue[objects.Pod]] = {}
         self.informer = informer.Informer(kube, kinds.PODS, self._on_event, field_selector="spec.nodeName!=")
+        self.node_informer = informer.Informer(kube, kinds.NODES, self._on_node)
+        """Nodes as watched: the lock owner is usually known without a read (one GET less per pod)."""
+        self._nodes: dict[str, objects.Node] = {}
         self.completed: list[str] = []
         """Keys of pods whose handshake finished, in order."""
         self.failed: list[str] = []
         """Keys of pods whose ``Allocate`` was made to fail, in order."""
         self.skipped = 0
         """Times a pod was not served because the lock named another pod."""
+        self._served: set[str] = set()
+        """UIDs whose handshake this simulator finished (repeated watch events are ignored)."""
 
     def serves(self, node: str) -> bool:
         """True when this simulator plays the given node."""
         return bool(node) and (self.nodes is None or node in self.nodes)
+
+    def _queue(self, node: str) -> asyncio.Queue[objects.Pod]:
+        queue = self._queue_of.get(node)
+        if queue is None:  # round robin in order of first use
+            queue = self._queue_of[node] = self._queues[len(self._queue_of) % len(self._queues)]
+        return queue
+
+    def _on_node(self, event: informer.Event[objects.Node]) -> None:
+        node = event.obj
+        if node is None or not self.serves(node.metadata.name):
+            return
+        if event.type is informer.EventType.DELETED:
+            self._nodes.pop(node.metadata.name, None)
+        else:
+            self._nodes[node.metadata.name] = node
+
+    async def _locked_node(self, node: str, namespace: str, name: str) -> tuple[objects.Node, str | None]:
+        """The node and its lock value: from the watch when it already names the pod, else read."""
+        watched = self._nodes.get(node)
+        if watched is not None:
+            lock = watched.metadata.annotations.get(keys.NODE_LOCK)
+            if lock is not None and lockcodec.is_owner(lock, namespace, name):
+                return watched, lock
+        current = await locks.read_node(self.kube, node)  # the watch may lag the lock write
+        return current, current.metadata.annotations.get(keys.NODE_LOCK)
 
     def _on_event(self, event: informer.Event[objects.Pod]) -> None:
         pod = event.obj
@@ -176,34 +211,56 @@ class NodeSim:
             if self.serves(pod.spec.node_name) and pod.metadata.annotations.get(keys.BIND_PHASE) == (
                 keys.BIND_PHASE_ALLOCATING
             ):
-                self._queue.put_nowait(pod)
+                self._queue(pod.spec.node_name).put_nowait(pod)
 
     async def allocate(self, pod: objects.Pod) -> bool:
-        """Finish the handshake for one bound pod; False when it is not this pod's turn."""
+        """Finish the handshake for one bound pod; False when it is not this pod's turn.
+
+        Usually three API calls per pod: patch the pod's annotations, release the lock, patch the
+        pod's status. The node lock must name the pod: the watched node is trusted when it does
+        (only the owner removes its lock), else the node is read. The pod is the watched object; the
+        annotation patch is a compare-and-swap on its resourceVersion (and UID), so a pod that
+        moved on since is read again and re-checked, and a recreated pod is never served. The lock
+        release is a compare-and-swap on the node as read, falling back to the owner-checked
+        ``locks.release`` when the node changed meanwhile.
+        """
         meta = pod.metadata
         node = pod.spec.node_name
-        current = await pods.get(self.kube, meta.namespace, meta.name)
-        if current.metadata.uid != meta.uid or current.metadata.annotations.get(keys.BIND_PHASE) != (
-            keys.BIND_PHASE_ALLOCATING
-        ):
+        if meta.uid in self._served or meta.annotations.get(keys.BIND_PHASE) != keys.BIND_PHASE_ALLOCATING:
             return False
-        lock = (await locks.read_node(self.kube, node)).metadata.annotations.get(keys.NODE_LOCK)
+        current, lock = await self._locked_node(node, meta.namespace, meta.name)
         if lock is None or not lockcodec.is_owner(lock, meta.namespace, meta.name):
             self.skipped += 1
             log.info("nodesim: %s on %s: the node lock names %r, not this pod", pod.key, node, lock)
             return False
         started = dt.datetime.fromtimestamp(self._clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if self.fail is not None and self.fail(current):
-            await self._reject(current, node, started)
+        if self.fail is not None and self.fail(pod):
+            phase = {keys.BIND_PHASE: keys.BIND_PHASE_FAILED}
+        else:
+            to_allocate = meta.annotations.get(keys.DEVICES_TO_ALLOCATE, "")
+            phase = {
+                keys.DEVICES_TO_ALLOCATE: blank_entries(to_allocate),
+                keys.BIND_PHASE: keys.BIND_PHASE_SUCCESS,
+            }
+        try:
+            await pods.patch_annotations(
+                self.kube,
+                meta.namespace,
+                meta.name,
+                phase,
+                resource_version=meta.resource_version,
+                uid=meta.uid,
+            )
+        except errors.Conflict:
+            fresh = await pods.get(self.kube, meta.namespace, meta.name)
+            if fresh.metadata.uid != meta.uid:
+                return False
+            return await self.allocate(fresh)  # re-checked against the current pod and node
+        self._served.add(meta.uid)
+        await self._release(current, node, meta.namespace, meta.name)
+        if phase[keys.BIND_PHASE] == keys.BIND_PHASE_FAILED:
+            await self._mark_failed(pod, node, started)
             return True
-        to_allocate = current.metadata.annotations.get(keys.DEVICES_TO_ALLOCATE, "")
-        await pods.patch_annotations(
-            self.kube,
-            meta.namespace,
-            meta.name,
-            {keys.DEVICES_TO_ALLOCATE: blank_entries(to_allocate), keys.BIND_PHASE: keys.BIND_PHASE_SUCCESS},
-        )
-        await locks.release(self.kube, node, meta.namespace, meta.name)
         await pods.patch_status(
             self.kube,
             meta.namespace,
@@ -217,12 +274,23 @@ class NodeSim:
         self.completed.append(pod.key)
         return True
 
-    async def _reject(self, pod: objects.Pod, node: str, now: str) -> None:
+    async def _release(self, read: objects.Node, node: str, namespace: str, name: str) -> None:
+        """Remove the lock this pod holds: CAS on the node as read, else the owner-checked release."""
+        body = {
+            "metadata": {
+                "annotations": {keys.NODE_LOCK: None},
+                "resourceVersion": read.metadata.resource_version,
+            }
+        }
+        try:
+            await self.kube.request(
+                "PATCH", locks.node_path(node), body=body, content_type=kclient.MERGE_PATCH
+            )
+        except errors.Conflict:
+            await locks.release(self.kube, node, namespace, name)
+
+    async def _mark_failed(self, pod: objects.Pod, node: str, now: str) -> None:
         meta = pod.metadata
-        await pods.patch_annotations(
-            self.kube, meta.namespace, meta.name, {keys.BIND_PHASE: keys.BIND_PHASE_FAILED}
-        )
-        await locks.release(self.kube, node, meta.namespace, meta.name)
         await pods.patch_status(
             self.kube,
             meta.namespace,
@@ -236,9 +304,9 @@ class NodeSim:
         )
         self.failed.append(pod.key)
 
-    async def _work(self) -> None:
+    async def _work(self, queue: asyncio.Queue[objects.Pod]) -> None:
         while True:
-            pod = await self._queue.get()
+            pod = await queue.get()
             try:
                 await self.allocate(pod)
             except errors.NotFound:
@@ -248,10 +316,13 @@ class NodeSim:
 
     async def run(self) -> None:
         """Watch and serve until cancelled."""
-        worker = asyncio.create_task(self._work())
+        tasks = [asyncio.create_task(self._work(q)) for q in self._queues]
+        tasks.append(asyncio.create_task(self.node_informer.run()))
         try:
             await self.informer.run()
         finally:
-            worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await worker
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task

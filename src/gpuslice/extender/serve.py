@@ -115,5 +115,7 @@ def main(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=False,
         lifespan="on",
+        loop="uvloop",  # both pinned in requirements.lock; explicit so a missing one fails loudly
+        http="httptools",
     )
     return 0
