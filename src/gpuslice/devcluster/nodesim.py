@@ -173,6 +173,8 @@ class NodeSim:
         """Keys of pods whose ``Allocate`` was made to fail, in order."""
         self.skipped = 0
         """Times a pod was not served because the lock named another pod."""
+        self.on_bound: Callable[[objects.Pod], None] | None = None
+        """Called with every pod the pod watch shows on a served node (e.g. to time binds)."""
         self._served: set[str] = set()
         """UIDs whose handshake this simulator finished (repeated watch events are ignored)."""
 
@@ -208,6 +210,8 @@ class NodeSim:
     def _on_event(self, event: informer.Event[objects.Pod]) -> None:
         pod = event.obj
         if event.type in (informer.EventType.ADDED, informer.EventType.MODIFIED) and pod is not None:
+            if self.on_bound is not None and self.serves(pod.spec.node_name):
+                self.on_bound(pod)
             if self.serves(pod.spec.node_name) and pod.metadata.annotations.get(keys.BIND_PHASE) == (
                 keys.BIND_PHASE_ALLOCATING
             ):
