@@ -363,7 +363,7 @@ def create_app(deps: Deps) -> _Fast:
         key = _decode(wire.PRIORITIZE_KEY_DECODER, data)
         uid, version = key.pod.metadata.uid, key.pod.metadata.resource_version
         raw_names = bytes(key.node_names)
-        filtered: scheduling.Filtered | None = score_memo.get(uid) if uid else None
+        filtered: scheduling.Filtered | None = score_memo.pop(uid, None) if uid else None
         pod = parsed.cached(uid, version) if filtered and filtered.resource_version == version else None
         if pod is not None and filtered is not None and raw_names == filtered.names_json:
             names: list[str] = filtered.names
