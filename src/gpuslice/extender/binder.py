@@ -19,6 +19,12 @@ from gpuslice.kube import binding, locks, objects, pods
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 
+CONTENTION = "NodeLockContention"
+WATCHED_LOCK_TRUST_S = 5.0
+"""A lock the node watch shows held by another pod, younger than this, is contention without an API
+call: its owner was bound moments ago, and the watch reports the release. An older one is checked
+through the API (``kube.locks.acquire``: expired or dangling locks are taken over)."""
+
 
 class BindFailure(Exception):
     """A bind-path API call failed.
@@ -105,10 +111,27 @@ class KubeBinder:
 
         Fast path: when the node watch shows the lock free, write it at once with the watched
         resourceVersion (one request instead of a read and a write). A stale resourceVersion gets
-        409 and falls back to ``locks.acquire``, so the compare-and-swap stays exact.
+        409 and falls back to ``locks.acquire``, so the compare-and-swap stays exact. When the watch
+        shows a fresh lock of another pod (``WATCHED_LOCK_TRUST_S``), it is contention at once, with
+        no request: the caller waits for the watch to report the release.
         """
         cached = self._cached_node(node) if self._cached_node is not None else None
-        if cached is not None and not cached.metadata.annotations.get(keys.NODE_LOCK):
+        held = cached.metadata.annotations.get(keys.NODE_LOCK) if cached is not None else None
+        if held:
+            now = self._clock()
+            state = lockcodec.assess(held, namespace, name, now, self._lock_timeout_s)
+            lock = state.lock
+            if (
+                state.verdict is lockcodec.Verdict.HELD_BY_OTHER
+                and lock is not None
+                and lock.has_owner
+                and not lockcodec.is_expired(lock, now, WATCHED_LOCK_TRUST_S)
+            ):
+                # Waiting binds poll; a GET of the node and of its owner each time changes nothing.
+                raise BindFailure(
+                    "lock", f"node {node} is locked by {held!r} (watched): node lock contention", CONTENTION
+                )
+        if cached is not None and not held:
             value = lockcodec.encode(self._clock(), namespace, name)
             body = {
                 "metadata": {

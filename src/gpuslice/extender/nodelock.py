@@ -15,7 +15,7 @@ from collections.abc import Callable
 from gpuslice.extender import binder as binders
 from gpuslice.extender import metrics
 
-CONTENTION = "NodeLockContention"
+CONTENTION = binders.CONTENTION
 POLL_S = 0.5
 
 
