@@ -80,6 +80,8 @@ def main(args: argparse.Namespace) -> int:
     nodes: Path = args.nodes or trace.data_path(trace.DEFAULT_NODES)
     pods: Path = args.pods or trace.data_path(trace.DEFAULT_PODS)
     console = Console(stderr=args.json)
+    if not console.is_terminal:
+        console.width = max(console.width, 100)  # keep the table's columns whole in logs and pipes
     try:
         trace.load_nodes(nodes)
         trace.load_pods(pods)
