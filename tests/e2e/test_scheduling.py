@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gpuslice.codec import keys, pod_devices
-from tests.e2e.conftest import NODES, Cluster, card_uuid, inventory
+from tests.e2e.conftest import NODES, SCHEDULER, Cluster, card_uuid, inventory
 
 pytestmark = pytest.mark.e2e
 
@@ -117,6 +117,51 @@ def test_impossible_pod_gets_failed_scheduling_with_our_reasons(e2e_cluster: Clu
     assert "3 InsufficientGPUCount" in event["message"]
     assert not e2e_cluster.pod(ns, "huge")["spec"].get("nodeName")
     e2e_cluster.delete_pod(ns, "huge")
+
+
+def test_node_with_malformed_registration_is_excluded_with_its_reason(e2e_cluster: Cluster) -> None:
+    # A node whose HAMi registration cannot be decoded: gpuslice must name it NodeRegistrationInvalid
+    # in its filter answer (kube-scheduler turns that into the FailedScheduling histogram) and keep
+    # serving every other node.
+    bad = "gpu-bad-registration"
+    e2e_cluster.cp.create_node(
+        bad,
+        {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "10"},
+        labels={"kubernetes.io/hostname": bad},
+        annotations={keys.NODE_REGISTER: "GPU-x,notanint,7680,100,NVIDIA-T4,0,true:"},
+    )
+    ns = e2e_cluster.namespace()
+    try:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "pinned-bad", "namespace": ns},
+            "spec": {
+                "schedulerName": SCHEDULER,
+                "nodeSelector": {"kubernetes.io/hostname": bad},
+                "containers": [
+                    {"name": "c", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                ],
+            },
+        }
+        status, obj = e2e_cluster.cp.api_request("POST", f"/api/v1/namespaces/{ns}/pods", body)
+        assert status == 201, obj
+
+        def rejected_for_registration() -> bool:
+            return any(
+                "1 NodeRegistrationInvalid" in e.get("message", "")
+                for e in e2e_cluster.events(ns, "pinned-bad")
+            )
+
+        e2e_cluster.wait(rejected_for_registration, 30, "no FailedScheduling naming NodeRegistrationInvalid")
+        assert not e2e_cluster.pod(ns, "pinned-bad")["spec"].get("nodeName")
+        # Every other node keeps serving.
+        e2e_cluster.create_pod(ns, "elsewhere", {"nvidia.com/gpu": "1"})
+        assert e2e_cluster.wait_bound(ns, "elsewhere")["spec"]["nodeName"] in NODES
+        e2e_cluster.delete_pod(ns, "elsewhere")
+        e2e_cluster.delete_pod(ns, "pinned-bad")
+    finally:
+        e2e_cluster.cp.api_request("DELETE", f"/api/v1/nodes/{bad}")
 
 
 def test_quota_limits_gpu_memory(e2e_cluster: Cluster) -> None:
