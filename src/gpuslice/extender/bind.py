@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -68,6 +68,8 @@ class BindFlow:
     metrics: metrics.Metrics
     events: Events = dataclasses.field(default_factory=NoEvents)
     lock_wait_s: float = 3.0
+    invalid_nodes: Collection[str] = frozenset()
+    """Nodes whose registration could not be decoded (the sync's live set), to name the reason."""
     _pods: memo.Memo = dataclasses.field(default_factory=memo.Memo)
     _scores: memo.Memo = dataclasses.field(default_factory=memo.Memo)
     _filters: memo.Memo = dataclasses.field(default_factory=memo.Memo)
@@ -171,7 +173,7 @@ class BindFlow:
         state = view.node_state(snap, node)
         if state is None:
             self.metrics.binds.labels("rejected").inc()
-            return f"node {node}: {view.node_problem(snap, node)}"
+            return f"node {node}: {view.node_problem(node, self.invalid_nodes)}"
         placement = fit.place(
             state, pod, card_policy, scheduling.context(snap), view.quota(snap, pod.namespace)
         )

@@ -9,7 +9,6 @@ sets are passed through unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from gpuslice.extender import scheduling, view, wire
 from gpuslice.model import requests, status
@@ -22,7 +21,7 @@ def keep_nonempty(victims: Mapping[str, wire.MetaVictims]) -> dict[str, wire.Met
 
 
 def narrow(
-    snap: Any,
+    snap: view.Snapshot,
     pod: requests.PodRequest,
     victims: Mapping[str, wire.MetaVictims],
     policies: scheduling.Policies,

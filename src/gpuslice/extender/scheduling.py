@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice.extender import logs, view
-from gpuslice.model import requests, status
+from gpuslice.model import nodes, requests, status
 from gpuslice.policy import batch, fit, registry, shares
 
 FEASIBLE = "Feasible"
@@ -74,7 +74,7 @@ class FilterOutcome:
     """Internal 0..100 scores of ``feasible`` (same order, from the batch evaluation), when computed."""
 
 
-def context(snap: Any) -> registry.Context:
+def context(snap: view.Snapshot) -> registry.Context:
     """The policy context: the recent-request workload for FGD-style policies."""
     return registry.Context(workload=view.workload(snap))
 
@@ -85,7 +85,7 @@ def reject_all(names: Sequence[str], reason: str) -> FilterOutcome:
 
 
 def filter_nodes(
-    snap: Any,
+    snap: view.Snapshot,
     pod: requests.PodRequest,
     names: Sequence[str],
     policies: Policies,
@@ -134,10 +134,12 @@ def _log_evaluation(log: logs.Log, pod: requests.PodRequest, ev: batch.Evaluatio
             log.v(4, "filter node", pod=pod.name, node=name, feasible=False, reason=why)
 
 
-def _reject(out: FilterOutcome, snap: Any, name: str, st: status.Status, invalid: Collection[str]) -> None:
+def _reject(
+    out: FilterOutcome, snap: view.Snapshot, name: str, st: status.Status, invalid: Collection[str]
+) -> None:
     """File a rejected node under the right map with its reason code."""
     if view.node_state(snap, name) is None:
-        reason = view.node_problem(snap, name, invalid)
+        reason = view.node_problem(name, invalid)
         out.unresolvable[name] = reason
     else:
         reason = ",".join(st.reasons) or status.INVALID_REQUEST
@@ -147,7 +149,7 @@ def _reject(out: FilterOutcome, snap: Any, name: str, st: status.Status, invalid
 
 
 def _filter_verbose(
-    snap: Any,
+    snap: view.Snapshot,
     pod: requests.PodRequest,
     names: Sequence[str],
     card_policy: registry.Policy,
@@ -181,7 +183,9 @@ def _why(placement: fit.Placement) -> str:
     return " ".join(f"{n}x{r}" for r, n in placement.card_reasons) or ",".join(placement.status.reasons)
 
 
-def _log_cards(log: logs.Log, state: Any, pod: requests.PodRequest, placement: fit.Placement) -> None:
+def _log_cards(
+    log: logs.Log, state: nodes.NodeState, pod: requests.PodRequest, placement: fit.Placement
+) -> None:
     chosen = set()
     if placement.allocation is not None:
         chosen = {g.uuid for grants in placement.allocation.containers for g in grants}
@@ -204,7 +208,7 @@ def _log_cards(log: logs.Log, state: Any, pod: requests.PodRequest, placement: f
 
 
 def score_nodes(
-    snap: Any,
+    snap: view.Snapshot,
     pod: requests.PodRequest,
     names: Sequence[str],
     policies: Policies,
@@ -215,7 +219,7 @@ def score_nodes(
     if node_policy is None or not pod.wants_gpu:
         return np.zeros(len(names), np.int64)
     ctx = context(snap)
-    if log.enabled(4) or view.columns(snap) is None:
+    if log.enabled(4):
         out = np.zeros(len(names), np.int64)
         for i, name in enumerate(names):
             state = view.node_state(snap, name)
@@ -249,7 +253,7 @@ class Filtered:
 
 
 def rescore(
-    snap: Any,
+    snap: view.Snapshot,
     pod: requests.PodRequest,
     names: Sequence[str],
     policies: Policies,
@@ -284,7 +288,7 @@ def rescore(
     return out
 
 
-def shape(snap: Any, pod: requests.PodRequest, names: Sequence[str]) -> registry.Shape:
+def shape(snap: view.Snapshot, pod: requests.PodRequest, names: Sequence[str]) -> registry.Shape:
     """The pod's shape for the workload histogram (shares relative to the first known node's cards)."""
     card_memory = 0
     for name in names:

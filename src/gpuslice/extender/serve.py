@@ -52,6 +52,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         metrics=m,
         events=events,
         lock_wait_s=settings.lock_wait_s,
+        invalid_nodes=source.invalid_nodes,
     )
     source.on_node_lock = flow.node_lock_changed
     source.on_capacity_freed = flow.capacity_freed

@@ -6,7 +6,7 @@ change in this one module.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from gpuslice.model import allocations, nodes, status
@@ -15,10 +15,38 @@ from gpuslice.policy import quota as quotas
 from gpuslice.policy import registry
 
 
+class Snapshot(Protocol):
+    """What the extender reads of a cache snapshot (``cache.snapshot.Snapshot`` satisfies it)."""
+
+    @property
+    def generation(self) -> int:
+        """The cache generation the snapshot reflects."""
+        ...
+
+    @property
+    def nodes(self) -> Mapping[str, nodes.NodeState]:
+        """Node name -> state, for nodes with a valid GPU registration."""
+        ...
+
+    @property
+    def columns(self) -> policy_columns.NodeColumns:
+        """The same nodes packed for the vectorised filter."""
+        ...
+
+    @property
+    def workload(self) -> registry.Workload | None:
+        """Recently seen pod shapes (FGD's target workload), None if none yet."""
+        ...
+
+    def quota(self, namespace: str) -> quotas.QuotaView | None:
+        """The namespace's GPU quota with its current usage, or None when unlimited."""
+        ...
+
+
 class Cache(Protocol):
     """The cache operations the extender uses."""
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> Snapshot:
         """An immutable view of nodes, usage, quotas and the recent-request histogram."""
         ...
 
@@ -42,47 +70,38 @@ def observe(cache: Cache, shape: registry.Shape) -> None:
         observe_request(shape)
 
 
-def node_state(snap: Any, name: str) -> nodes.NodeState | None:
+def node_state(snap: Snapshot, name: str) -> nodes.NodeState | None:
     """The node's state, or None when the node has no valid GPU registration."""
-    state: nodes.NodeState | None = snap.nodes.get(name)
-    return state
+    return snap.nodes.get(name)
 
 
-def node_problem(snap: Any, name: str, invalid: Collection[str] = ()) -> str:
+def node_problem(name: str, invalid: Collection[str] = ()) -> str:
     """Why a node without a state is unusable: invalid registration or none at all."""
-    if name in invalid or name in getattr(snap, "invalid_nodes", ()):
+    if name in invalid:
         return status.NODE_REGISTRATION_INVALID
     return status.NODE_UNREGISTERED
 
 
-def columns(snap: Any) -> policy_columns.NodeColumns | None:
-    """The snapshot's nodes packed for the vectorised filter, when the cache builds them."""
-    cols: policy_columns.NodeColumns | None = getattr(snap, "columns", None)
-    return cols
+def columns(snap: Snapshot) -> policy_columns.NodeColumns:
+    """The snapshot's nodes packed for the vectorised filter."""
+    return snap.columns
 
 
-def generation(snap: Any) -> int | None:
-    """The cache generation the snapshot reflects, when known."""
-    gen: int | None = getattr(snap, "generation", None)
-    return gen
+def generation(snap: Snapshot) -> int:
+    """The cache generation the snapshot reflects."""
+    return snap.generation
 
 
-def states(snap: Any) -> Iterable[nodes.NodeState]:
+def states(snap: Snapshot) -> Iterable[nodes.NodeState]:
     """Every registered node's state."""
-    out: Iterable[nodes.NodeState] = snap.nodes.values()
-    return out
+    return snap.nodes.values()
 
 
-def quota(snap: Any, namespace: str) -> quotas.QuotaView | None:
+def quota(snap: Snapshot, namespace: str) -> quotas.QuotaView | None:
     """The namespace's GPU quota with its current usage, or None when unlimited."""
-    getter = getattr(snap, "quota", None)
-    if getter is None:
-        return None
-    view: quotas.QuotaView | None = getter(namespace) if callable(getter) else getter.get(namespace)
-    return view
+    return snap.quota(namespace)
 
 
-def workload(snap: Any) -> registry.Workload | None:
+def workload(snap: Snapshot) -> registry.Workload | None:
     """The recent-request histogram as an FGD target workload, when the cache keeps one."""
-    w: registry.Workload | None = getattr(snap, "workload", None)
-    return w
+    return snap.workload

@@ -12,7 +12,7 @@ from gpuslice.extender import bind as binds
 from gpuslice.extender import binder as binders
 from gpuslice.extender import config, logs, metrics, scheduling, view
 from gpuslice.model import allocations, nodes
-from gpuslice.policy import columns
+from gpuslice.policy import columns, registry
 from gpuslice.policy import quota as quotas
 
 
@@ -23,6 +23,7 @@ class Snapshot:
     quota_views: dict[str, quotas.QuotaView]
     columns: columns.NodeColumns
     generation: int
+    workload: registry.Workload | None = None
 
     def quota(self, namespace: str) -> quotas.QuotaView | None:
         return self.quota_views.get(namespace)
@@ -141,6 +142,7 @@ def make_deps(
     ready: bool = True,
 ) -> apps.Deps:
     settings = settings or config.Settings()
+    invalid: frozenset[str] = getattr(cache, "invalid", frozenset())  # FakeCache's unregistrable nodes
     log = logs.Log(settings.verbosity)
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
     policies = scheduling.Policies.build(settings.node_policy, settings.card_policy)
@@ -156,6 +158,7 @@ def make_deps(
         metrics=m,
         events=events,
         lock_wait_s=settings.lock_wait_s,
+        invalid_nodes=invalid,
     )
     binder.on_release = flow.node_lock_changed
     return apps.Deps(
@@ -167,6 +170,7 @@ def make_deps(
         metrics=m,
         events=events,
         ready=lambda: ready,
+        invalid_nodes=invalid,
     )
 
 
