@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 POLICIES ?= random,dotprod,clustering,packing,bestfit,fgd,fgd-lookahead
 SEEDS ?= 42-51
 
-.PHONY: run test venv lint typecheck test-unit test-integration test-e2e control-plane bench clean
+.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos control-plane bench clean
 
 venv: $(STAMP)
 
@@ -44,7 +44,11 @@ test-e2e: $(STAMP) control-plane
 	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
 	  $(PY) -m pytest tests/e2e -m e2e -q
 
-test: lint typecheck test-unit test-integration test-e2e
+test-chaos: $(STAMP) control-plane
+	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
+	  $(PY) -m pytest tests/chaos -m chaos -q
+
+test: lint typecheck test-unit test-integration test-e2e test-chaos
 
 # Benchmarks report medians and ratios from one run on this machine; results go to out/.
 bench: $(STAMP) control-plane

@@ -285,6 +285,25 @@ def grant_deploy_rbac(e2e_cluster: Cluster) -> None:
         "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding
     )
     assert status in (201, 409), body
+    # The Lease rules (leader election) are a Role in kube-system.
+    (lease_role,) = [d for d in docs if d["kind"] == "Role"]
+    namespace = lease_role["metadata"]["namespace"]
+    base = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    status, body = e2e_cluster.cp.api_request("POST", f"{base}/roles", lease_role)
+    assert status in (201, 409), body
+    role_binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "gpuslice-extender-leases-e2e-user", "namespace": namespace},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": lease_role["metadata"]["name"],
+        },
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "gpuslice"}],
+    }
+    status, body = e2e_cluster.cp.api_request("POST", f"{base}/rolebindings", role_binding)
+    assert status in (201, 409), body
 
 
 def _metrics(e2e_cluster: Cluster) -> str:

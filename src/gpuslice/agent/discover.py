@@ -130,8 +130,9 @@ def discover(
         health: healthy flag per NVML index (missing = healthy).
 
     Returns:
-        The devices, topology and pair scores; cards with an empty or repeated UUID are left out
-        (with a note) so that no annotation names a card twice or by an empty id.
+        The devices, topology and pair scores; cards with an empty or repeated UUID, or without
+        memory, are left out (with a note) so that no annotation names a card twice, by an empty
+        id, or with a capacity the extender must refuse.
     """
     notes = list(records.notes)
     health = health or {}
@@ -142,6 +143,10 @@ def discover(
             notes.append(
                 f"GPU {g.index}: unusable identity (uuid {g.uuid!r}, bus id {g.pci_bus_id!r}); left out"
             )
+            continue
+        if int(g.memory_total_mib * config.memory_scaling) <= 0:
+            # The extender rejects a registration with a zero-capacity card (a whole node lost).
+            notes.append(f"GPU {g.index}: NVML reports no memory; left out")
             continue
         seen.add(g.uuid)
         keep.append(pos)

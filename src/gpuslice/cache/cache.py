@@ -222,6 +222,12 @@ class ClusterCache:
             if pod is not None:
                 self._drop(pod)
 
+    def pod_allocation(self, key: str) -> allocations.PodAllocation | None:
+        """The allocation the cache charges for the pod, None when it holds none."""
+        with self._lock:
+            pod = self._pods.get(key)
+            return None if pod is None else pod.alloc
+
     def pod_state(self, key: str) -> PodState | None:
         """The pod's state, None when the cache does not hold it."""
         with self._lock:

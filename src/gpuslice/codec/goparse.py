@@ -61,3 +61,30 @@ def parse_bool(s: str) -> bool:
 def format_bool(b: bool) -> str:
     """Go's ``%v`` of a bool."""
     return "true" if b else "false"
+
+
+_DURATION_PART = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|\u00b5s|ms|s|m|h)", re.ASCII)
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(s: str) -> float:
+    """Seconds of a Go ``time.ParseDuration`` string such as ``5m``, ``1h30m`` or ``300s``.
+
+    Raises:
+        ValueError: not a Go duration (Go's message: ``time: invalid duration "..."``).
+    """
+    text = s
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text[1:] if text[:1] in "+-" else text
+    if body == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    while pos < len(body):
+        m = _DURATION_PART.match(body, pos)
+        if m is None:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if not body or pos != len(body):
+        raise ValueError(f"time: invalid duration {quote(s)}")
+    return sign * total

@@ -68,9 +68,23 @@ def decode_node(name: str, annotations: Mapping[str, str]) -> nodes.NodeInventor
 
     Raises:
         AnnotationMissing: the node has no registration (HAMi: ``node unregistered``).
-        DecodeError: a malformed registration, topology or pair-score annotation, or no cards.
+        DecodeError: a malformed registration, topology or pair-score annotation, no cards, or a
+            card with zero or negative capacity (split count, memory or cores): such a card
+            could never hold a pod, and negative capacity would corrupt every sum over the node.
     """
     cards = node_devices(annotations)
+    for i, card in enumerate(cards):
+        for field, value in (
+            ("count", card.split_count),
+            ("devmem", card.memory_mib),
+            ("devcore", card.cores),
+        ):
+            if value <= 0:
+                raise errors.DecodeError(
+                    keys.NODE_REGISTER,
+                    f"[{i}].{field}",
+                    f"card {card.uuid}: {field} must be > 0, got {value}",
+                )
     return nodes.NodeInventory(
         name=name,
         devices=cards,

@@ -127,6 +127,17 @@ def bind_phase_annotations(now: instants.Instant) -> dict[str, str]:
     return {keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING, keys.BIND_TIME: str(instants.unix_seconds(now))}
 
 
+BIND_KEYS = (
+    keys.VGPU_NODE,
+    keys.VGPU_TIME,
+    keys.DEVICES_TO_ALLOCATE,
+    keys.DEVICES_ALLOCATED,
+    keys.BIND_PHASE,
+    keys.BIND_TIME,
+)
+"""Every pod annotation a bind writes (removing them all undoes a bind)."""
+
+
 def bind_annotations(alloc: allocations.PodAllocation, now: instants.Instant) -> dict[str, str]:
     """Every annotation gpuslice writes at bind (it writes them all at once, before the Binding)."""
     out = filter_annotations(alloc, now)

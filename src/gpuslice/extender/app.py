@@ -9,6 +9,7 @@ lifespan enters the injected background services (informers, event worker) and s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
@@ -32,6 +33,7 @@ from gpuslice.model import requests, status
 from gpuslice.policy import registry
 
 JSON = "application/json"
+NOT_SYNCED = "gpuslice cache not synced yet (first list or relist in progress); retry"
 T = TypeVar("T")
 Service = Callable[[], contextlib.AbstractAsyncContextManager[object]]
 """A background service the lifespan runs (entered at startup, exited at shutdown)."""
@@ -57,9 +59,14 @@ class Deps:
     metrics: metrics.Metrics
     events: binds.Events
     ready: Callable[[], bool] = lambda: True
+    """``/readyz``: synced, and leading where followers must not get calls (``lease`` mode)."""
+    synced: Callable[[], bool] = lambda: True
+    """Every watched kind listed and healthy: filter and prioritize answer only then."""
     services: Sequence[Service] = ()
     invalid_nodes: Collection[str] = frozenset()
     """Nodes whose GPU registration does not decode (live view kept by the feed)."""
+    excluded: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Registered nodes not to place on now -> reason code (stale handshake, held lock)."""
 
 
 class State(TypedDict):
@@ -294,9 +301,21 @@ def create_app(deps: Deps) -> _Fast:
 
         return run
 
+    async def wait_synced() -> bool:
+        """Wait (at most ``sync_wait_s``) until the caches are synced; never decide from a partial one."""
+        deadline = time.monotonic() + deps.settings.sync_wait_s
+        while not deps.synced():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
     async def filter_(data: bytes) -> bytes:
         args = _decode(wire.FILTER_DECODER, data)
         names = args.node_names or []
+        if not deps.synced() and not await wait_synced():
+            m.not_synced.labels("filter").inc()
+            return wire.ENCODER.encode(wire.ExtenderFilterResult([], {}, {}, NOT_SYNCED))
         pod = parsed.parse(args.pod)
         meta = args.pod.metadata
         feasible_json: bytes | None = None
@@ -317,7 +336,9 @@ def create_app(deps: Deps) -> _Fast:
             if pod.wants_gpu and pod.uid not in seen:
                 seen.put(pod.uid, True)
                 workload.add(scheduling.shape(snap, pod, names))
-            outcome = scheduling.filter_nodes(snap, pod, names, deps.policies, log, deps.invalid_nodes)
+            outcome = scheduling.filter_nodes(
+                snap, pod, names, deps.policies, log, deps.invalid_nodes, deps.excluded
+            )
             deps.flow.remember(pod)
             feasible_json = wire.ENCODER.encode(outcome.feasible)
             if pod.uid and outcome.scores is not None and outcome.feasible:
@@ -361,6 +382,11 @@ def create_app(deps: Deps) -> _Fast:
         # After a filter of the same pod version, only its key is decoded and the raw NodeNames are
         # compared with the filter's answer; no Pod and no name string is built.
         key = _decode(wire.PRIORITIZE_KEY_DECODER, data)
+        if not deps.synced() and not await wait_synced():
+            # kube-scheduler ignores a failed prioritize (no score from us); the filter gate
+            # already refused to place anything from a partial cache.
+            m.not_synced.labels("prioritize").inc()
+            raise BadRequest(NOT_SYNCED, 503)
         uid, version = key.pod.metadata.uid, key.pod.metadata.resource_version
         raw_names = bytes(key.node_names)
         filtered: scheduling.Filtered | None = score_memo.pop(uid, None) if uid else None
@@ -399,8 +425,8 @@ def create_app(deps: Deps) -> _Fast:
         args = _decode(wire.BIND_DECODER, data)
         if not args.pod_name or not args.node:
             raise BadRequest("invalid request: PodName and Node are required")
-        error = await deps.flow.bind(args)
-        return wire.ENCODER.encode(wire.ExtenderBindingResult(error=error))
+        outcome = await deps.flow.bind(args)
+        return wire.ENCODER.encode(wire.ExtenderBindingResult(error=outcome.error))
 
     async def preempt_(data: bytes) -> bytes:
         args = _decode(wire.PREEMPT_DECODER, data)
@@ -416,9 +442,11 @@ def create_app(deps: Deps) -> _Fast:
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
-        ok = deps.ready()
-        m.cache_synced.set(1 if ok else 0)
-        return PlainTextResponse("ok" if ok else "cache not synced", status_code=200 if ok else 503)
+        synced = deps.synced()
+        ok = synced and deps.ready()
+        m.cache_synced.set(1 if synced else 0)
+        text = "ok" if ok else ("not leader" if synced else "cache not synced")
+        return PlainTextResponse(text, status_code=200 if ok else 503)
 
     async def metrics_(request: Request) -> Response:
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

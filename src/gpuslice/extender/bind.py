@@ -1,33 +1,59 @@
-"""The bind verb: choose cards on the current snapshot, reserve them, write HAMi's contract, bind.
+"""The bind verb: choose cards, reserve them, take HAMi's node lock, check the truth, write, bind.
 
-``bind`` re-runs the fit with the card policy on the *current* snapshot and assumes the allocation
-in the cache with no ``await`` in between (the cache re-checks the cards atomically), so no
-interleaving of concurrent binds can hand the same capacity to two pods, and the reservation is
-visible to the next filter at once. Then, under an in-process lock per node that orders the API
-calls of binds to one node, it takes HAMi's node lock (waiting briefly, see ``nodelock``), writes
-the pod annotations (``vgpu-node`` + label, ``vgpu-time``, both device keys, ``bind-phase:
-allocating``, ``bind-time``) and POSTs the Binding with the pod UID. Any failure rolls everything
-back (forget the assumption, remove the annotations, release the node lock) and is answered as
-``Error``, never as an exception. A repeated bind of a pod already bound to the node succeeds.
-The node lock stays held after success: the device plugin releases it after ``Allocate``.
+The order of one GPU bind, and why each step is where it is:
+
+1. **Gates.** Only the leader binds, and only from a synced cache (``sync_wait_s`` is waited at
+   most); otherwise the answer is an ``Error`` kube-scheduler retries.
+2. **Reserve.** The fit runs with the card policy on the *current* snapshot and the allocation is
+   assumed in the cache with no ``await`` in between (the cache re-checks the cards atomically),
+   so concurrent binds of this process never share capacity and the next filter sees it at once.
+3. **Queue per node.** An in-process lock orders the API calls of binds to one node; a bind waits
+   for it at most until its own deadline (``bind_timeout_s``, below kube-scheduler's
+   ``httpTimeout``), so a queue on one node never outlives the scheduler's HTTP call.
+4. **Node lock.** HAMi's ``hami.io/mutex.lock`` (waiting briefly, see ``nodelock``). Every writer
+   of device annotations (other replicas, a previous incarnation of this process, HAMi's own
+   scheduler) holds it while it writes, so once it is ours nobody else changes the node's pods.
+5. **Check the truth.** The cache must have seen every pod write on the node up to the lock: the
+   pod watch must have passed the lock write's resourceVersion (etcd revisions are one global
+   counter), or else the node's claimed pods are read from the API and applied. Then the
+   reservation is admitted again against that state, and re-placed (or refused) if it no longer
+   fits. This is what makes restarts, several replicas and a lagging watch safe.
+6. **Write.** The pod annotations (``vgpu-node`` + label, ``vgpu-time``, both device keys,
+   ``bind-phase: allocating``, ``bind-time``), then the Binding with the pod UID, both within
+   ``commit_deadline_s`` of the lock (per-request timeouts), so a live bind is never older than
+   the recovery loop's orphan grace.
+7. **Outcome.** A definite failure (4xx) is rolled back: reservation forgotten, annotations
+   removed, lock released. An *ambiguous* failure (timeout, lost connection, 5xx: the write may
+   have been applied) is not: the reservation, the annotations and the lock stay, and a resolver
+   task finishes the bind (the writes are idempotent) or undoes it once the API says the pod is
+   gone or bound elsewhere. A pod is therefore never bound without its devices by our hand.
+
+The node lock stays held after success: the device plugin releases it after ``Allocate``. Every
+outcome is an ``Outcome`` (a result label for metrics and the error text for the wire), never an
+exception. A repeated bind of a pod already bound to the node succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Collection, Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+import msgspec
 import numpy as np
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import pod_devices, resources
 from gpuslice.extender import binder as binders
-from gpuslice.extender import logs, memo, metrics, nodelock, requeue, scheduling, view, wire
+from gpuslice.extender import failpoints, logs, memo, metrics, nodelock, requeue, scheduling, view, wire
 from gpuslice.model import allocations, requests, status
 from gpuslice.model import config as model_config
 from gpuslice.policy import fit
+
+RESOLVE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)
+"""Pauses between the resolver's attempts to finish an ambiguous bind (the last one repeats)."""
 
 
 class Events(Protocol):
@@ -49,6 +75,67 @@ class NoEvents:
         """Drop the event."""
 
 
+class Truth(Protocol):
+    """Brings the cache up to date with the API for one node (``feed.Feed`` implements it)."""
+
+    async def settle(self, node: str, resource_version: str) -> None:
+        """Return once the cache reflects every pod write on ``node`` up to ``resource_version``.
+
+        Raises:
+            binders.BindFailure: the API could not be read.
+        """
+        ...
+
+
+class Trusting:
+    """A ``Truth`` for a cache that is the only writer (unit tests, benchmarks)."""
+
+    async def settle(self, node: str, resource_version: str) -> None:
+        """Nothing to do: no other writer exists."""
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """How a bind ended.
+
+    Attributes:
+        result: the metric label: ``bound``, ``repeat`` (success) or ``rejected`` (``held``
+            inside the flow: the pod already holds a reservation), ``no_fit``,
+            ``busy``, ``failed``, ``pending`` (ambiguous, finishing in the background),
+            ``not_leader``, ``not_synced``, ``error``.
+        error: what kube-scheduler's ``Error`` says ('' on success).
+    """
+
+    result: str
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the pod is bound to the node."""
+        return self.result in ("bound", "repeat")
+
+
+BOUND = Outcome("bound")
+REPEAT = Outcome("repeat")
+
+
+async def _acquire(lock: asyncio.Lock, timeout_s: float) -> bool:
+    """Take ``lock`` within ``timeout_s``; never leaves it taken when giving up (no wait_for race)."""
+    if not lock.locked():
+        await lock.acquire()
+        return True
+    task = asyncio.ensure_future(lock.acquire())
+    done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout_s))
+    if task in done:
+        return True
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        return False
+    lock.release()  # acquired in the same instant it was cancelled
+    return False
+
+
 def describe(alloc: allocations.PodAllocation) -> str:
     """``GPU-abc (4000MB/30cores), GPU-def (...)`` for events and logs."""
     parts = [f"{g.uuid} ({g.memory_mib}MB/{g.cores}cores)" for grants in alloc.containers for g in grants]
@@ -56,8 +143,25 @@ def describe(alloc: allocations.PodAllocation) -> str:
 
 
 @dataclasses.dataclass
+class _Bind:
+    """One GPU bind in progress."""
+
+    ns: str
+    name: str
+    uid: str
+    node: str
+    pod: requests.PodRequest
+    alloc: allocations.PodAllocation
+    started: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.ns}/{self.name}"
+
+
+@dataclasses.dataclass
 class BindFlow:
-    """The bind verb's state: per-pod memos, per-node locks, lock waits and requeue nudges."""
+    """The bind verb's state: per-pod memos, per-node queues, lock waits, live binds, resolvers."""
 
     cache: view.Cache
     binder: binders.Binder
@@ -67,14 +171,24 @@ class BindFlow:
     log: logs.Log
     metrics: metrics.Metrics
     events: Events = dataclasses.field(default_factory=NoEvents)
+    truth: Truth = dataclasses.field(default_factory=Trusting)
+    leading: Callable[[], bool] = lambda: True
+    synced: Callable[[], bool] = lambda: True
+    excluded: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Nodes not to place on now -> reason code (invalid registration, stale handshake, ...)."""
     lock_wait_s: float = 3.0
-    invalid_nodes: Collection[str] = frozenset()
-    """Nodes whose registration could not be decoded (the sync's live set), to name the reason."""
+    bind_timeout_s: float = 20.0
+    commit_deadline_s: float = 4.0
+    sync_wait_s: float = 5.0
+    faults: failpoints.Failpoints = dataclasses.field(default_factory=failpoints.Failpoints)
+    monotonic: Callable[[], float] = time.monotonic
     _pods: memo.Memo = dataclasses.field(default_factory=memo.Memo)
     _scores: memo.Memo = dataclasses.field(default_factory=memo.Memo)
     _filters: memo.Memo = dataclasses.field(default_factory=memo.Memo)
     _done: memo.Memo = dataclasses.field(default_factory=memo.Memo)
-    _locks: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
+    _queues: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
+    _live: dict[str, str] = dataclasses.field(default_factory=dict)
+    _resolvers: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._waiter = nodelock.LockWaiter(self.binder, self._now, self.metrics, self.lock_wait_s)
@@ -83,6 +197,8 @@ class BindFlow:
     def _now(self) -> float:
         """``clock()`` looked up at each call (tests replace the clock)."""
         return self.clock()
+
+    # ----- hooks from filter, prioritize and the watches
 
     def remember(self, pod: requests.PodRequest) -> None:
         """Keep a filtered pod's request for its bind (the bind args carry only names)."""
@@ -115,171 +231,263 @@ class BindFlow:
             top = np.argsort(-scores, kind="stable")[:3].tolist()
             self._scores.put(uid, [(names[i], int(scores[i])) for i in top])
 
-    async def bind(self, args: wire.ExtenderBindingArgs) -> str:
-        """Bind the pod; returns '' on success, else the error (everything rolled back).
+    def is_live(self, key: str) -> bool:
+        """True while a bind (or the resolver of an ambiguous one) of pod ``ns/name`` runs here."""
+        return key in self._live
+
+    def live(self) -> dict[str, str]:
+        """Pod key -> node of every bind in progress in this process."""
+        return dict(self._live)
+
+    async def drain(self) -> None:
+        """Wait for the resolvers of ambiguous binds (shutdown, tests)."""
+        while self._resolvers:
+            await asyncio.gather(*list(self._resolvers), return_exceptions=True)
+
+    # ----- the verb
+
+    async def bind(self, args: wire.ExtenderBindingArgs) -> Outcome:
+        """Bind the pod (see the module docstring); the outcome, never an exception.
 
         The flow runs as its own task, shielded, so a dropped connection cannot stop it halfway.
         """
-        task = asyncio.ensure_future(self._bind_locked(args))
-        return await asyncio.shield(task)
+        task = asyncio.ensure_future(self._guarded(args))
+        outcome = await asyncio.shield(task)
+        self.metrics.binds.labels(outcome.result).inc()
+        return outcome
 
-    async def _bind_locked(self, args: wire.ExtenderBindingArgs) -> str:
+    async def _guarded(self, args: wire.ExtenderBindingArgs) -> Outcome:
         try:
             return await self._bind(args)
         except Exception as err:  # noqa: BLE001 - a surprise must still become an Error answer
             self.log.error(
                 "bind failed unexpectedly", pod=f"{args.pod_namespace}/{args.pod_name}", err=repr(err)
             )
-            self.metrics.binds.labels("error").inc()
-            return f"internal error: {type(err).__name__}"
+            return Outcome("error", f"internal error: {type(err).__name__}")
 
-    async def _request(self, args: wire.ExtenderBindingArgs) -> requests.PodRequest | str:
+    async def _wait_synced(self) -> bool:
+        deadline = self.monotonic() + self.sync_wait_s
+        while not self.synced():
+            if self.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def _request(self, args: wire.ExtenderBindingArgs) -> requests.PodRequest | Outcome:
         """The pod's request from the filter memo, else read from the API (restart, other replica)."""
-        memo: requests.PodRequest | None = self._pods.get(args.pod_uid)
-        if memo is not None:
-            return memo
+        memo_: requests.PodRequest | None = self._pods.get(args.pod_uid)
+        if memo_ is not None:
+            return memo_
         try:
             obj = await self.binder.read_pod(args.pod_namespace, args.pod_name)
         except binders.BindFailure as err:
             self.metrics.api_errors.labels("read").inc()
-            return f"cannot read pod: {err}"
+            return Outcome("failed", f"cannot read pod: {err}")
         if obj is None:
-            return "pod not found"
+            return Outcome("rejected", "pod not found")
         meta = obj.get("metadata") or {}
         if args.pod_uid and meta.get("uid") != args.pod_uid:
-            return "pod UID mismatch (deleted and recreated?)"
+            return Outcome("rejected", "pod UID mismatch (deleted and recreated?)")
         try:
             return resources.parse_pod(obj, self.request_config)
         except codec_errors.DecodeError as err:
-            return f"{status.INVALID_REQUEST}: {err}"
+            return Outcome("rejected", f"{status.INVALID_REQUEST}: {err}")
 
-    async def _bind(self, args: wire.ExtenderBindingArgs) -> str:
+    async def _bind(self, args: wire.ExtenderBindingArgs) -> Outcome:
         ns, name, uid, node = args.pod_namespace, args.pod_name, args.pod_uid, args.node
         key = f"{ns}/{name}"
+        started = self.monotonic()
         if uid and self._done.get(uid) == node:
-            self.metrics.binds.labels("repeat").inc()
-            return ""
+            return REPEAT
+        if not self.leading():
+            return Outcome("not_leader", "this gpuslice replica is not the leader; retry")
+        if not await self._wait_synced():
+            return Outcome("not_synced", "gpuslice cache not synced yet; retry")
         pod = await self._request(args)
-        if isinstance(pod, str):
-            self.metrics.binds.labels("rejected").inc()
+        if isinstance(pod, Outcome):
             return pod
         if not pod.wants_gpu:
             return await self._bind_plain(ns, name, uid, node)
+        placed = self._reserve(key, uid, node, pod)
+        if isinstance(placed, Outcome):
+            if placed.result != "held":
+                return placed
+            if await self._bound_anyway(ns, name, uid, node):
+                return REPEAT
+            return Outcome("rejected", placed.error)
+        job = _Bind(ns, name, uid, node, pod, placed, started)
+        self._live[key] = node
+        handed_over = False
+        try:
+            queue = self._queues.setdefault(node, asyncio.Lock())
+            left = self.bind_timeout_s - (self.monotonic() - started)
+            if not await _acquire(queue, left):
+                self.cache.forget(key)
+                return Outcome("busy", f"node {node} busy: binds queued longer than {self.bind_timeout_s:g}s")
+            try:
+                outcome = await self._commit(job)
+            finally:
+                queue.release()
+            handed_over = outcome.result == "pending"
+            return outcome
+        except BaseException:
+            self.cache.forget(key)
+            raise
+        finally:
+            if not handed_over:
+                self._live.pop(key, None)
+
+    def _reserve(
+        self, key: str, uid: str, node: str, pod: requests.PodRequest
+    ) -> allocations.PodAllocation | Outcome:
+        """Fit on the current snapshot and assume it, with no await in between."""
         card_policy = self.policies.card(pod)
         if card_policy is None:
-            self.metrics.binds.labels("rejected").inc()
-            return f"{status.INVALID_REQUEST}: unknown card policy {pod.card_policy!r}"
+            return Outcome("rejected", f"{status.INVALID_REQUEST}: unknown card policy {pod.card_policy!r}")
+        if node in self.excluded:
+            return Outcome("rejected", f"node {node}: {self.excluded[node]}")
         snap = self.cache.snapshot()
         state = view.node_state(snap, node)
         if state is None:
-            self.metrics.binds.labels("rejected").inc()
-            return f"node {node}: {view.node_problem(node, self.invalid_nodes)}"
+            return Outcome("rejected", f"node {node}: {status.NODE_UNREGISTERED}")
         placement = fit.place(
             state, pod, card_policy, scheduling.context(snap), view.quota(snap, pod.namespace)
         )
         if placement.allocation is None:
-            self.metrics.binds.labels("no_fit").inc()
-            return f"pod no longer fits node {node}: {','.join(placement.status.reasons)}"
+            return Outcome("no_fit", f"pod no longer fits node {node}: {','.join(placement.status.reasons)}")
         alloc = placement.allocation
-        now = self.clock()
-        # No await between the snapshot above and this reservation: concurrent binds see it. The
-        # cache checks the cards again atomically and refuses what is no longer free.
         try:
-            verdict = self.cache.assume(key, uid, alloc, now)
+            verdict = self.cache.assume(key, uid, alloc, self.clock())
         except ValueError:
-            # Already in the cache: confirmed by the watch or assumed by an earlier call.
-            if await self._bound_anyway(ns, name, uid, node):
-                self.metrics.binds.labels("repeat").inc()
-                return ""
-            self.metrics.binds.labels("rejected").inc()
-            return f"pod {key} already holds an allocation"
-        if isinstance(verdict, status.Status) and not verdict.ok:
-            self.metrics.binds.labels("no_fit").inc()
-            return f"pod no longer fits node {node}: {','.join(verdict.reasons)}"
-        # The capacity is reserved; only the API sequence (node lock, annotations, Binding) waits
-        # for earlier binds to the same node.
-        lock = self._locks.setdefault(node, asyncio.Lock())
-        try:
-            async with lock:
-                return await self._commit(ns, name, uid, node, key, alloc)
-        except BaseException:
-            self.cache.forget(key)
-            raise
+            # Already in the cache: confirmed by the watch, or another bind of it is in flight.
+            return Outcome("held", f"pod {key} already holds an allocation")
+        if not verdict.ok:
+            return Outcome("no_fit", f"pod no longer fits node {node}: {','.join(verdict.reasons)}")
+        return alloc
 
-    async def _bind_plain(self, ns: str, name: str, uid: str, node: str) -> str:
+    def _readmit(self, job: _Bind) -> Outcome | None:
+        """After the truth check: admit the reservation again, re-placing it if it no longer fits."""
+        self.cache.forget(job.key)
+        verdict = self.cache.assume(job.key, job.uid, job.alloc, self.clock())
+        if verdict.ok:
+            return None
+        self.metrics.truth_corrections.inc()
+        placed = self._reserve(job.key, job.uid, job.node, job.pod)
+        if isinstance(placed, Outcome):
+            return placed
+        self.log.info(
+            "bind: re-placed after the truth check", pod=job.key, node=job.node, was=verdict.reasons
+        )
+        job.alloc = placed
+        return None
+
+    def _remaining(self, deadline: float) -> float:
+        return max(0.2, deadline - self.monotonic())
+
+    async def _bind_plain(self, ns: str, name: str, uid: str, node: str) -> Outcome:
         """A pod without GPUs: no reservation, no node lock, no annotations; just the Binding."""
         try:
             await self.binder.bind(ns, name, uid, node)
         except binders.BindFailure as err:
             self.metrics.api_errors.labels(err.operation).inc()
-            self.metrics.binds.labels("failed").inc()
-            return f"{err.operation} failed: {err}"
-        self.metrics.binds.labels("bound").inc()
-        return ""
+            if err.ambiguous and await self._bound_anyway(ns, name, uid, node):
+                return BOUND
+            return Outcome("failed", f"{err.operation} failed: {err}")
+        return BOUND
 
-    async def _commit(
-        self, ns: str, name: str, uid: str, node: str, key: str, alloc: allocations.PodAllocation
-    ) -> str:
-        locked = annotated = False
-        annotations = pod_devices.bind_annotations(alloc, self.clock())  # the time of the write
-        marks = [self.clock()]
+    async def _commit(self, job: _Bind) -> Outcome:
+        ns, name, uid, node, key = job.ns, job.name, job.uid, job.node, job.key
+        marks = [self.monotonic()]
         try:
-            await self._waiter.acquire(node, ns, name)
-            locked = True
-            marks.append(self.clock())
-            await self.binder.annotate(ns, name, uid, annotations)
-            annotated = True
-            marks.append(self.clock())
-            await self.binder.bind(ns, name, uid, node)
-            marks.append(self.clock())
-            if self.log.enabled(3):
-                lock_ms, ann_ms, bind_ms = ((b - a) * 1e3 for a, b in zip(marks, marks[1:], strict=False))
-                self.log.v(
-                    3,
-                    "bind timing",
-                    pod=key,
-                    node=node,
-                    lock_ms=f"{lock_ms:.1f}",
-                    annotate_ms=f"{ann_ms:.1f}",
-                    binding_ms=f"{bind_ms:.1f}",
-                )
+            lock_rv = await self._waiter.acquire(node, ns, name)
         except binders.BindFailure as err:
             self.metrics.api_errors.labels(err.operation).inc()
-            if err.operation == "bind" and await self._bound_anyway(ns, name, uid, node):
-                return self._succeeded(ns, name, uid, node, key, alloc)
-            await self._rollback(ns, name, uid, node, key, annotations if annotated else None, locked)
-            self.metrics.binds.labels("failed").inc()
-            self.events.record(
-                ns, name, uid, "Warning", "BindingFailed", "Binding", f"{err.reason}: {err}"[:1024]
+            self.cache.forget(key)
+            if err.ambiguous:
+                # The lock write may have landed; it names this pod, which nothing will bind, so
+                # the recovery loop releases it after the orphan grace.
+                self.log.warning("bind: node lock outcome unknown", pod=key, node=node, err=str(err))
+            return self._failed(job, err)
+        deadline = self.monotonic() + self.commit_deadline_s
+        marks.append(self.monotonic())
+        await self.faults.hit("bind-after-lock")
+        try:
+            await self.truth.settle(node, lock_rv)
+        except binders.BindFailure as err:
+            self.metrics.api_errors.labels(err.operation).inc()
+            await self._undo(job, annotated=False, locked=True)
+            return self._failed(job, err)
+        refused = self._readmit(job)
+        if refused is not None:
+            await self._undo(job, annotated=False, locked=True)
+            return refused
+        annotations = pod_devices.bind_annotations(job.alloc, self.clock())  # the time of the write
+        marks.append(self.monotonic())
+        try:
+            await self.binder.annotate(ns, name, uid, annotations, timeout=self._remaining(deadline))
+        except binders.BindFailure as err:
+            self.metrics.api_errors.labels(err.operation).inc()
+            if err.ambiguous:
+                return self._hand_over(job, annotations, err)
+            await self._undo(job, annotated=False, locked=True)
+            return self._failed(job, err)
+        await self.faults.hit("bind-after-annotate")
+        marks.append(self.monotonic())
+        try:
+            await self.binder.bind(ns, name, uid, node, timeout=self._remaining(deadline))
+        except binders.BindFailure as err:
+            self.metrics.api_errors.labels(err.operation).inc()
+            if err.ambiguous:
+                return self._hand_over(job, annotations, err)
+            await self._undo(job, annotated=True, locked=True)
+            return self._failed(job, err)
+        await self.faults.hit("bind-after-binding")
+        marks.append(self.monotonic())
+        if self.log.enabled(3):
+            lock_ms, truth_ms, ann_ms, bind_ms = (
+                (b - a) * 1e3 for a, b in zip(marks, marks[1:], strict=False)
             )
-            self.log.info(
-                "bind failed", pod=key, node=node, op=err.operation, reason=err.reason, err=str(err)
+            self.log.v(
+                3,
+                "bind timing",
+                pod=key,
+                node=node,
+                lock_ms=f"{lock_ms:.1f}",
+                truth_ms=f"{truth_ms:.1f}",
+                annotate_ms=f"{ann_ms:.1f}",
+                binding_ms=f"{bind_ms:.1f}",
             )
-            return f"{err.operation} failed: {err}"
-        except BaseException:
-            await self._rollback(ns, name, uid, node, key, annotations if annotated else None, locked)
-            raise
-        return self._succeeded(ns, name, uid, node, key, alloc)
+        return self._succeeded(job)
 
-    def _succeeded(
-        self, ns: str, name: str, uid: str, node: str, key: str, alloc: allocations.PodAllocation
-    ) -> str:
-        self.cache.finish_binding(key, self.clock())
+    def _failed(self, job: _Bind, err: binders.BindFailure) -> Outcome:
+        self.events.record(
+            job.ns, job.name, job.uid, "Warning", "BindingFailed", "Binding", f"{err.reason}: {err}"[:1024]
+        )
+        self.log.info(
+            "bind failed", pod=job.key, node=job.node, op=err.operation, reason=err.reason, err=str(err)
+        )
+        return Outcome("failed", f"{err.operation} failed: {err}")
+
+    def _succeeded(self, job: _Bind) -> Outcome:
+        self.cache.finish_binding(job.key, self.clock())
+        uid = job.uid
         if uid:
-            self._done.put(uid, node)
+            self._done.put(uid, job.node)
             self._pods.pop(uid, None)
             self._nudger.mark(uid, False)
-        self.metrics.binds.labels("bound").inc()
         top = self._scores.pop(uid, None) if uid else None
         scores = ", ".join(f"{n}={wire.to_extender_score(s)}" for n, s in top) if top else "n/a"
         summary = self._filters.pop(uid, None) if uid else None
-        note = f"{summary or 'Filter: n/a'}; bound to {node}; top scores: {scores}; Device: {describe(alloc)}"
-        self.events.record(ns, name, uid, "Normal", "GPUAllocated", "Binding", note[:1024])
-        self.log.v(2, "bound", pod=key, node=node, devices=describe(alloc))
-        return ""
+        note = (
+            f"{summary or 'Filter: n/a'}; bound to {job.node}; top scores: {scores}; "
+            f"Device: {describe(job.alloc)}"
+        )
+        self.events.record(job.ns, job.name, uid, "Normal", "GPUAllocated", "Binding", note[:1024])
+        self.log.v(2, "bound", pod=job.key, node=job.node, devices=describe(job.alloc))
+        return BOUND
 
     async def _bound_anyway(self, ns: str, name: str, uid: str, node: str) -> bool:
-        """After a failed Binding POST (e.g. a timeout), check whether it took effect."""
+        """Whether the pod is bound to ``node`` by now (a repeat, or a Binding whose answer was lost)."""
         try:
             obj = await self.binder.read_pod(ns, name)
         except binders.BindFailure:
@@ -289,27 +497,96 @@ class BindFlow:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         return bool(spec.get("nodeName") == node and (not uid or meta.get("uid") == uid))
 
-    async def _rollback(
-        self,
-        ns: str,
-        name: str,
-        uid: str,
-        node: str,
-        key: str,
-        annotations: Mapping[str, str] | None,
-        locked: bool,
-    ) -> None:
-        """Undo a partial bind, best effort for the API parts (the assumption always goes)."""
-        self.cache.forget(key)
-        if annotations is not None:
+    async def _undo(self, job: _Bind, *, annotated: bool, locked: bool) -> None:
+        """Undo a bind whose failure is definite, best effort for the API parts.
+
+        The reservation always goes. Annotations that cannot be removed leave the pod as an
+        orphan the recovery loop clears after its grace; a lock that cannot be released names a
+        pod nothing binds, which the recovery loop releases the same way.
+        """
+        self.cache.forget(job.key)
+        if annotated:
             try:
-                await self.binder.annotate(ns, name, uid, dict.fromkeys(annotations))
+                await self.binder.annotate(job.ns, job.name, job.uid, dict.fromkeys(pod_devices.BIND_KEYS))
             except binders.BindFailure as err:
                 self.metrics.api_errors.labels("annotate").inc()
-                self.log.warning("rollback: cannot remove annotations", pod=key, err=str(err))
+                self.log.warning("undo: cannot remove annotations", pod=job.key, err=str(err))
         if locked:
             try:
-                await self.binder.unlock_node(node, ns, name)
+                await self.binder.unlock_node(job.node, job.ns, job.name)
             except binders.BindFailure as err:
                 self.metrics.api_errors.labels("unlock").inc()
-                self.log.warning("rollback: cannot release node lock", node=node, pod=key, err=str(err))
+                self.log.warning("undo: cannot release node lock", node=job.node, pod=job.key, err=str(err))
+
+    # ----- ambiguous outcomes
+
+    def _hand_over(self, job: _Bind, annotations: Mapping[str, str], err: binders.BindFailure) -> Outcome:
+        """Keep everything and let a resolver finish or undo the bind once the API answers."""
+        self.metrics.ambiguous.labels(err.operation).inc()
+        self.log.warning(
+            "bind outcome unknown; finishing in the background",
+            pod=job.key,
+            node=job.node,
+            op=err.operation,
+            err=str(err),
+        )
+        task = asyncio.create_task(self._resolve(job, dict(annotations)), name=f"resolve-{job.key}")
+        self._resolvers.add(task)
+        task.add_done_callback(self._resolvers.discard)
+        return Outcome("pending", f"{err.operation} outcome unknown ({err}); gpuslice finishes it; retry")
+
+    async def _resolve(self, job: _Bind, annotations: dict[str, str]) -> None:
+        """Finish an ambiguous bind: repeat the idempotent writes until bound or definitely not."""
+        attempt = 0
+        try:
+            while True:
+                await asyncio.sleep(RESOLVE_BACKOFF_S[min(attempt, len(RESOLVE_BACKOFF_S) - 1)])
+                attempt += 1
+                if not self.leading():
+                    # A new leader owns recovery now; our lock and annotations become its orphan.
+                    self.log.warning(
+                        "resolver: no longer leading; leaving the bind to the leader", pod=job.key
+                    )
+                    self.cache.forget(job.key)
+                    return
+                try:
+                    done = await self._finish(job, annotations)
+                except binders.BindFailure as err:
+                    if err.ambiguous:
+                        continue  # still no answer; keep everything and try again
+                    await self._undo(job, annotated=True, locked=True)
+                    self._failed(job, err)
+                    return
+                if done:
+                    self._succeeded(job)
+                    self.metrics.binds.labels("resolved").inc()
+                    self.log.info("resolver: bind finished", pod=job.key, node=job.node, attempts=attempt)
+                else:
+                    self.cache.forget(job.key)
+                    self.log.info("resolver: pod gone; reservation dropped", pod=job.key, node=job.node)
+                return
+        finally:
+            self._live.pop(job.key, None)
+
+    async def _finish(self, job: _Bind, annotations: dict[str, str]) -> bool:
+        """One attempt: True when bound to our node, False when the pod is gone (nothing to keep).
+
+        Raises:
+            binders.BindFailure: a write failed (ambiguous: try again; definite: undo).
+        """
+        obj = await self.binder.read_pod(job.ns, job.name)
+        if obj is None:
+            await self._undo(job, annotated=False, locked=True)
+            return False
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        if job.uid and meta.get("uid") != job.uid:
+            await self._undo(job, annotated=False, locked=True)
+            return False
+        bound_to = spec.get("nodeName") or ""
+        if bound_to == job.node:
+            return True
+        if bound_to:
+            raise binders.BindFailure("bind", f"pod {job.key} is bound to {bound_to}, not {job.node}")
+        await self.binder.annotate(job.ns, job.name, job.uid, annotations, timeout=self.commit_deadline_s)
+        await self.binder.bind(job.ns, job.name, job.uid, job.node, timeout=self.commit_deadline_s)
+        return True

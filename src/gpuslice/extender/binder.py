@@ -2,7 +2,10 @@
 
 ``KubeBinder`` is the real implementation on ``gpuslice.kube`` (raw Binding POST, HAMi node lock,
 annotation merge patches); e2e tests exercise it against a real apiserver. Every failure surfaces
-as ``BindFailure`` with the operation that failed, so the bind flow can roll back precisely.
+as ``BindFailure`` with the operation that failed, so the bind flow can roll back precisely, and
+says whether its outcome is *ambiguous*: a timeout, a lost connection or a 5xx may come after the
+apiserver applied the write, so such a failure must not be rolled back blindly. A 4xx (conflict,
+not found, invalid, too many requests) means the write was not applied.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ class BindFailure(Exception):
         reason: a short machine-readable reason (e.g. ``NodeLockContention``).
     """
 
-    def __init__(self, operation: str, message: str, reason: str = "") -> None:
+    def __init__(self, operation: str, message: str, reason: str = "", ambiguous: bool = False) -> None:
         super().__init__(message)
         self.operation = operation
         self.reason = reason or operation
+        self.ambiguous = ambiguous
+        """True when the write may have been applied (no answer, timeout, 5xx)."""
 
 
 class Binder(Protocol):
@@ -47,8 +52,8 @@ class Binder(Protocol):
         """The pod as an API dict, or None when it does not exist."""
         ...
 
-    async def lock_node(self, node: str, namespace: str, name: str) -> None:
-        """Take HAMi's node lock for the pod."""
+    async def lock_node(self, node: str, namespace: str, name: str) -> str:
+        """Take HAMi's node lock for the pod; returns the node's resourceVersion after the write."""
         ...
 
     async def unlock_node(self, node: str, namespace: str, name: str) -> None:
@@ -56,13 +61,24 @@ class Binder(Protocol):
         ...
 
     async def annotate(
-        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        annotations: Mapping[str, str | None],
+        timeout: float | None = None,
     ) -> None:
         """Merge-patch the pod's annotations (and the ``hami.io/vgpu-node`` label)."""
         ...
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, timeout: float | None = None
+    ) -> None:
         """POST the Binding; a repeat to the same node succeeds."""
+        ...
+
+    async def claimed_pods(self, node: str) -> list[objects.Pod]:
+        """Every pod claiming devices on ``node``, read from the API (consistent read)."""
         ...
 
     async def touch_node(self, node: str, annotations: Mapping[str, str]) -> None:
@@ -70,9 +86,10 @@ class Binder(Protocol):
         ...
 
 
-def _failure(operation: str, err: Exception) -> BindFailure:
-    reason = getattr(err, "reason", "") or type(err).__name__
-    return BindFailure(operation, str(err), str(reason))
+def _failure(operation: str, err: kerrors.ApiError) -> BindFailure:
+    reason = err.reason or type(err).__name__
+    ambiguous = isinstance(err, kerrors.ApiServerError | kerrors.ApiUnavailable)
+    return BindFailure(operation, str(err), str(reason), ambiguous=ambiguous)
 
 
 class KubeBinder:
@@ -106,14 +123,15 @@ class KubeBinder:
         out = msgspec.json.decode(resp.content)
         return out if isinstance(out, dict) else None
 
-    async def lock_node(self, node: str, namespace: str, name: str) -> None:
-        """Take the node lock (CAS with retries inside ``kube.locks``).
+    async def lock_node(self, node: str, namespace: str, name: str) -> str:
+        """Take the node lock (CAS with retries inside ``kube.locks``); the node's new resourceVersion.
 
         Fast path: when the node watch shows the lock free, write it at once with the watched
         resourceVersion (one request instead of a read and a write). A stale resourceVersion gets
         409 and falls back to ``locks.acquire``, so the compare-and-swap stays exact. When the watch
         shows a fresh lock of another pod (``WATCHED_LOCK_TRUST_S``), it is contention at once, with
-        no request: the caller waits for the watch to report the release.
+        no request: the caller waits for the watch to report the release. A fast-path write whose
+        reply was lost falls back to ``locks.acquire`` too, which recognises the lock as ours.
         """
         cached = self._cached_node(node) if self._cached_node is not None else None
         held = cached.metadata.annotations.get(keys.NODE_LOCK) if cached is not None else None
@@ -140,18 +158,19 @@ class KubeBinder:
                 }
             }
             try:
-                await self._kube.request(
+                resp = await self._kube.request(
                     "PATCH", locks.node_path(node), body=body, content_type=kclient.MERGE_PATCH
                 )
-                return
-            except kerrors.Conflict:
+                return objects.decode_node(resp.content).metadata.resource_version
+            except (kerrors.Conflict, kerrors.ApiServerError, kerrors.ApiUnavailable):
                 pass
             except kerrors.ApiError as err:
                 raise _failure("lock", err) from err
         try:
-            await locks.acquire(self._kube, node, namespace, name, timeout_s=self._lock_timeout_s)
+            acquired = await locks.acquire(self._kube, node, namespace, name, timeout_s=self._lock_timeout_s)
         except kerrors.ApiError as err:
             raise _failure("lock", err) from err
+        return acquired.resource_version
 
     async def unlock_node(self, node: str, namespace: str, name: str) -> None:
         """Release the node lock if this pod holds it."""
@@ -161,23 +180,37 @@ class KubeBinder:
             raise _failure("unlock", err) from err
 
     async def annotate(
-        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        annotations: Mapping[str, str | None],
+        timeout: float | None = None,
     ) -> None:
         """Patch the annotations; the ``vgpu-node`` label follows the annotation (set or removed)."""
         labels = {keys.VGPU_NODE: annotations[keys.VGPU_NODE]} if keys.VGPU_NODE in annotations else None
         try:
             await pods.patch_annotations(
-                self._kube, namespace, name, annotations, labels=labels, uid=uid or None
+                self._kube, namespace, name, annotations, labels=labels, uid=uid or None, timeout=timeout
             )
         except kerrors.ApiError as err:
             raise _failure("annotate", err) from err
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, timeout: float | None = None
+    ) -> None:
         """POST the Binding (raw); already bound to ``node`` is success."""
         try:
-            await binding.bind(self._kube, namespace, name, uid, node)
+            await binding.bind(self._kube, namespace, name, uid, node, timeout=timeout)
         except kerrors.ApiError as err:
             raise _failure("bind", err) from err
+
+    async def claimed_pods(self, node: str) -> list[objects.Pod]:
+        """Every pod claiming devices on ``node`` (``hami.io/vgpu-node`` label), from the API."""
+        try:
+            return await pods.list_claimed(self._kube, node)
+        except kerrors.ApiError as err:
+            raise _failure("read", err) from err
 
     async def touch_node(self, node: str, annotations: Mapping[str, str]) -> None:
         """Merge-patch the node's annotations."""

@@ -19,10 +19,15 @@ from typing import Any
 import msgspec
 import yaml
 
+from gpuslice.codec import goparse
 from gpuslice.model import config as model_config
 from gpuslice.policy import registry
 
 ENV_PREFIX = "GPUSLICE_"
+HAMI_LOCK_EXPIRE_ENV = "HAMI_NODELOCK_EXPIRE"
+"""HAMi's node lock expiry (a Go duration such as ``5m``), used when ``node_lock_expiry_s`` is unset."""
+DEFAULT_LOCK_EXPIRY_S = 300.0
+LEADER_MODES = ("lease", "scheduler", "none")
 MiB = 1 << 20
 
 
@@ -57,6 +62,40 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         body_limit_bytes: largest accepted request body.
         scheduler_name: the kube-scheduler profile gpuslice serves (used in events).
         events: emit Kubernetes events for filter and bind outcomes.
+        sync_wait_s: how long filter, prioritize and bind wait for the caches to finish their
+            first list (or a relist) before answering an error that kube-scheduler retries.
+        bind_timeout_s: the longest one bind call takes, queueing for the node included (keep it
+            below the scheduler's ``httpTimeout``; the rendered config uses 30 s).
+        commit_deadline_s: after the node lock is taken, the annotation write and the Binding
+            must be sent within this; the recovery grace must exceed it.
+        orphan_grace_s: a node lock (or a pod's bind annotations) left by a bind that no live
+            bind handles is cleared once older than this.
+        allocate_timeout_s: a lock whose owner is bound but whose device plugin never answered
+            (no ``bind-phase: success``/``failed``) is released after this, with a Warning event.
+        node_lock_expiry_s: age after which any node lock counts as expired (HAMi's
+            ``--node-lock-timeout``; ``HAMI_NODELOCK_EXPIRE`` is honoured when this is unset).
+        stuck_lock_s: filter rejects a node (``NodeLockHeld``) whose lock another pod has held for
+            longer than this, so a stuck node stops attracting pods.
+        handshake_timeout_s: a ``Requesting_`` handshake older than this marks the node's device
+            plugin as gone (HAMi: 60 s) unless kubelet still advertises ``nvidia.com/gpu``.
+        recovery_period_s: period of the leader's recovery loop (orphans, stuck locks, handshakes).
+        leader_elect: ``lease`` (gpuslice's own Lease; followers report not-ready, for a
+            standalone Deployment behind a Service), ``scheduler`` (follow kube-scheduler's Lease
+            as its sidecar: leader while the holder identity starts with ``leader_identity``) or
+            ``none`` (a single replica that always leads).
+        lease_name: the Lease gpuslice holds (``lease``) or follows (``scheduler``).
+        lease_namespace: that Lease's namespace.
+        leader_identity: this replica's identity ('' = the host name, which a restarted
+            container keeps, so it takes its own Lease back at once).
+        lease_duration_s: how long a Lease that is not renewed blocks other replicas.
+        renew_deadline_s: how long the leader keeps trying to renew before it stops leading.
+        retry_period_s: pause between Lease attempts and renewals.
+        header_timeout_s: a connection that has not sent complete request headers by then is
+            closed.
+        body_timeout_s: a request whose body has not arrived by then gets 408.
+        idle_timeout_s: keep-alive connections idle for longer are closed.
+        max_connections: concurrent connections served; more get 503.
+        max_json_depth: deepest JSON nesting accepted in a request body (deeper: 400).
     """
 
     node_policy: str = "binpack"
@@ -80,6 +119,27 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     body_limit_bytes: int = MiB
     scheduler_name: str = "gpuslice-scheduler"
     events: bool = True
+    sync_wait_s: float = 5.0
+    bind_timeout_s: float = 20.0
+    commit_deadline_s: float = 4.0
+    orphan_grace_s: float = 6.0
+    allocate_timeout_s: float = 60.0
+    node_lock_expiry_s: float = 0.0
+    stuck_lock_s: float = 5.0
+    handshake_timeout_s: float = 60.0
+    recovery_period_s: float = 1.0
+    leader_elect: str = "lease"
+    lease_name: str = "gpuslice-extender"
+    lease_namespace: str = "kube-system"
+    leader_identity: str = ""
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    idle_timeout_s: float = 30.0
+    max_connections: int = 1000
+    max_json_depth: int = 64
 
     @property
     def host(self) -> str:
@@ -169,6 +229,12 @@ def load(
         merged.update(_from_file(config_path))
     merged.update(_from_env(os.environ if environ is None else environ))
     merged.update({k: v for k, v in flags.items() if k in FIELDS})
+    hami_expiry = (os.environ if environ is None else environ).get(HAMI_LOCK_EXPIRE_ENV)
+    if "node_lock_expiry_s" not in merged and hami_expiry:
+        try:
+            merged["node_lock_expiry_s"] = goparse.parse_duration(hami_expiry)
+        except ValueError as err:
+            raise ConfigError(f"{HAMI_LOCK_EXPIRE_ENV}: {err}") from None
     return validate(merged)
 
 
@@ -206,9 +272,46 @@ def validate(values: Mapping[str, Any]) -> Settings:
         problems.append("body_limit_bytes must be >= 1024")
     if settings.assumed_ttl_s <= 0 or settings.watch_timeout_s <= 0 or settings.resync_period_s < 0:
         problems.append("assumed_ttl_s and watch_timeout_s must be > 0, resync_period_s >= 0")
+    problems.extend(_fault_problems(settings))
     if problems:
         raise ConfigError("; ".join(problems))
+    if settings.node_lock_expiry_s == 0:
+        settings = msgspec.structs.replace(settings, node_lock_expiry_s=DEFAULT_LOCK_EXPIRY_S)
     return settings
+
+
+def _fault_problems(s: Settings) -> list[str]:
+    """Checks of the fault-handling, leader-election and HTTP-hardening settings."""
+    problems: list[str] = []
+    positive = (
+        "sync_wait_s",
+        "bind_timeout_s",
+        "commit_deadline_s",
+        "orphan_grace_s",
+        "allocate_timeout_s",
+        "stuck_lock_s",
+        "handshake_timeout_s",
+        "recovery_period_s",
+        "header_timeout_s",
+        "body_timeout_s",
+        "idle_timeout_s",
+    )
+    problems.extend(f"{name} must be > 0" for name in positive if not getattr(s, name) > 0)
+    if s.node_lock_expiry_s < 0:
+        problems.append("node_lock_expiry_s must be >= 0 (0: HAMI_NODELOCK_EXPIRE or 300 s)")
+    if s.bind_timeout_s <= s.lock_wait_s:
+        problems.append("bind_timeout_s must exceed lock_wait_s")
+    if s.orphan_grace_s <= s.commit_deadline_s:
+        problems.append("orphan_grace_s must exceed commit_deadline_s (a live bind is never an orphan)")
+    if s.leader_elect not in LEADER_MODES:
+        problems.append(f"leader_elect: expected one of {', '.join(LEADER_MODES)}, got {s.leader_elect!r}")
+    if not s.lease_duration_s > s.renew_deadline_s > s.retry_period_s > 0:
+        problems.append("need lease_duration_s > renew_deadline_s > retry_period_s > 0")
+    if not s.lease_name or not s.lease_namespace:
+        problems.append("lease_name and lease_namespace must not be empty")
+    if s.max_connections < 1 or not 1 <= s.max_json_depth <= 512:
+        problems.append("max_connections must be >= 1 and max_json_depth in 1..512")
+    return problems
 
 
 def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:

@@ -8,7 +8,13 @@ cache. On top of it the extender adds:
 * ``on_node_lock(node, held)`` on every node event, so binds waiting for HAMi's node lock retry
   as soon as the device plugin releases it;
 * ``on_capacity_freed(node)`` when a pod holding GPUs goes away (requeue nudges);
-* a housekeeping loop: readiness and watch-restart metrics, assumed-pod expiry, ``gc.freeze``.
+* a housekeeping loop: readiness and watch-restart metrics, assumed-pod expiry, ``gc.freeze``;
+* node liveness (``liveness.NodeHealth``) from every node event;
+* ``unbound_claims``: pods carrying a node claim (``hami.io/vgpu-node``) but no binding, which
+  the recovery loop inspects for orphans without scanning every pod;
+* ``settle(node, resourceVersion)``, the bind path's truth check: wait until the pod watch has
+  passed the node lock's resourceVersion; if it has not within ``TRUTH_WAIT_S``, read the node's
+  claimed pods from the API and apply them to the cache as the watch would.
 """
 
 from __future__ import annotations
@@ -24,11 +30,16 @@ import msgspec
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys
-from gpuslice.extender import config, logs, metrics
+from gpuslice.extender import binder as binders
+from gpuslice.extender import config, liveness, logs, metrics
 from gpuslice.kube import client as kclient
+from gpuslice.kube import errors as kerrors
 from gpuslice.kube import events as kevents
-from gpuslice.kube import informer, objects, sync
+from gpuslice.kube import informer, objects, pods, sync
 from gpuslice.model import nodes
+
+TRUTH_WAIT_S = 0.05
+"""How long the truth check waits for the pod watch before it reads the node's pods itself."""
 
 
 def scale(inventory: nodes.NodeInventory, memory: float, cores: float) -> nodes.NodeInventory:
@@ -86,6 +97,12 @@ class Feed:
         for inf in self.informers:
             inf.watch_timeout_s = s.watch_timeout_s
         self._restarts = [0] * len(self.informers)
+        self.kube = kube
+        self.health = liveness.NodeHealth(s.handshake_timeout_s, s.stuck_lock_s)
+        self.unbound_claims: dict[str, objects.Pod] = {}
+        """Pod key -> pod, for pods with ``hami.io/vgpu-node`` and no ``spec.nodeName``."""
+        self.clock: Callable[[], float] = time.time
+        self.monotonic: Callable[[], float] = time.monotonic
 
     def node(self, name: str) -> objects.Node | None:
         """The node as the watch last saw it."""
@@ -101,8 +118,38 @@ class Feed:
         self.metrics.cache_synced.set(1 if ok else 0)
         return ok
 
+    def pod(self, key: str) -> objects.Pod | None:
+        """The pod as the watch last saw it."""
+        return self.sync.pods.store.get(key)
+
+    def nodes(self) -> list[objects.Node]:
+        """Every node as the watch last saw it."""
+        return list(self.sync.nodes.store.values())
+
+    async def settle(self, node: str, resource_version: str) -> None:
+        """The bind path's truth check (see the module docstring).
+
+        Raises:
+            binders.BindFailure: the node's pods could not be read.
+        """
+        if await self.sync.pods.wait_for(resource_version, TRUTH_WAIT_S):
+            self.metrics.truth_reads.labels("watch").inc()
+            return
+        self.metrics.truth_reads.labels("api").inc()
+        try:
+            claimed = await pods.list_claimed(self.kube, node)
+        except kerrors.ApiError as err:
+            raise binders.BindFailure("read", f"cannot read the pods of node {node}: {err}") from err
+        for pod in claimed:
+            if self.cache.pod_state(pod.key) is caches.PodState.ASSUMED:
+                continue  # a bind of this process: already charged, and it settles itself
+            self.sync.on_pod(informer.Event(informer.EventType.MODIFIED, pod))
+
     def _on_node(self, event: informer.Event[objects.Node]) -> None:
         self.sync.on_node(event)
+        if event.obj is not None:
+            deleted = event.type is informer.EventType.DELETED
+            self.health.observe(event.obj, deleted, self.clock(), self.monotonic())
         if event.obj is not None and self.on_node_lock is not None:
             held = event.type is not informer.EventType.DELETED and bool(
                 event.obj.metadata.annotations.get(keys.NODE_LOCK)
@@ -111,6 +158,12 @@ class Feed:
 
     def _on_pod(self, event: informer.Event[objects.Pod]) -> None:
         pod = event.obj
+        if pod is not None:
+            claim = keys.VGPU_NODE in pod.metadata.annotations and not pod.spec.node_name
+            if claim and event.type is not informer.EventType.DELETED and not pod.terminated:
+                self.unbound_claims[pod.key] = pod
+            else:
+                self.unbound_claims.pop(pod.key, None)
         held = pod is not None and self.cache.pod_state(pod.key) is not None
         self.sync.on_pod(event)
         if pod is None or not held or self.on_capacity_freed is None:
@@ -144,6 +197,10 @@ class Feed:
         while True:
             await asyncio.sleep(1.0)
             ready = self.ready()
+            self.health.tick(clock(), self.monotonic())
+            for reason, n in self.health.counts().items():
+                self.metrics.nodes_excluded.labels(reason).set(n)
+            self.metrics.nodes_excluded.labels("NodeRegistrationInvalid").set(len(self.invalid_nodes))
             if ready and not frozen:
                 frozen = True
                 gc.collect()

@@ -125,5 +125,42 @@ class Metrics:
         self.watch_restarts = Counter(
             "gpuslice_watch_restarts_total", "Watch restarts by kind", ["kind"], registry=r
         )
+        self.truth_corrections = Counter(
+            "gpuslice_bind_truth_corrections_total",
+            "Binds whose reservation no longer fitted once the node's pods were read after the lock",
+            registry=r,
+        )
+        self.truth_reads = Counter(
+            "gpuslice_bind_truth_reads_total",
+            "Truth checks after the node lock, by how they were settled (watch or api)",
+            ["source"],
+            registry=r,
+        )
+        self.ambiguous = Counter(
+            "gpuslice_bind_ambiguous_total",
+            "Bind writes whose outcome was unknown (timeout, lost reply, 5xx), by operation",
+            ["operation"],
+            registry=r,
+        )
+        self.recovery = Counter(
+            "gpuslice_recovery_actions_total",
+            "Actions of the leader's recovery loop (orphan locks and bind annotations, stuck locks, "
+            "dangling locks, handshake requests)",
+            ["action"],
+            registry=r,
+        )
+        self.not_synced = Counter(
+            "gpuslice_not_synced_answers_total",
+            "Calls answered with an error because the caches were not synced, by verb",
+            ["verb"],
+            registry=r,
+        )
+        self.leader = Gauge("gpuslice_leader", "1 while this replica is the leader", registry=r)
+        self.nodes_excluded = Gauge(
+            "gpuslice_nodes_excluded",
+            "Nodes excluded from placement by reason code (stale handshake, held lock, invalid registration)",
+            ["reason"],
+            registry=r,
+        )
         if states is not None:
             r.register(DeviceCollector(states))

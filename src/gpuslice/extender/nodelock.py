@@ -39,8 +39,12 @@ class LockWaiter:
         self._freed: dict[str, asyncio.Event] = {}
         self._held: dict[str, bool] = {}
 
-    async def acquire(self, node: str, namespace: str, name: str) -> None:
-        """Take the lock for the pod; raises ``BindFailure`` when it cannot within ``wait_s``."""
+    async def acquire(self, node: str, namespace: str, name: str) -> str:
+        """Take the lock for the pod; the node's resourceVersion after the lock write.
+
+        Raises:
+            binders.BindFailure: it could not be taken within ``wait_s``.
+        """
         deadline = self._clock() + self.wait_s
         while True:
             freed = self._freed.setdefault(node, asyncio.Event())
@@ -50,9 +54,9 @@ class LockWaiter:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(freed.wait(), min(left, POLL_S))
             try:
-                await self._binder.lock_node(node, namespace, name)
+                version = await self._binder.lock_node(node, namespace, name)
                 self._held[node] = True
-                return
+                return version
             except binders.BindFailure as err:
                 if err.reason != CONTENTION or deadline - self._clock() <= 0:
                     raise

@@ -91,12 +91,15 @@ def filter_nodes(
     policies: Policies,
     log: logs.Log,
     invalid: Collection[str] = (),
+    excluded: Mapping[str, str] | None = None,
 ) -> FilterOutcome:
     """Which of ``names`` can hold the pod, and why the others cannot.
 
     Uses the vectorised ``batch.evaluate`` (identical to ``fit.place`` node by node), which also
     scores the feasible nodes; the scores are kept in the outcome so prioritize can reuse them.
-    At ``-v 5`` every node goes through ``fit.place`` so each card can be logged.
+    At ``-v 5`` every node goes through ``fit.place`` so each card can be logged. Nodes in
+    ``excluded`` (node -> reason code: a stale device-plugin handshake, a stuck node lock) fail
+    with that reason without being evaluated.
     """
     if not pod.wants_gpu:
         return FilterOutcome(list(names), {}, {}, collections.Counter({FEASIBLE: len(names)}))
@@ -104,6 +107,28 @@ def filter_nodes(
     node_policy = policies.node(pod)
     if card_policy is None or node_policy is None:
         return reject_all(names, status.INVALID_REQUEST)
+    skipped: dict[str, str] = {}
+    if excluded:
+        skipped = {n: excluded[n] for n in names if n in excluded}
+        if skipped:
+            names = [n for n in names if n not in skipped]
+    out = _evaluate(snap, pod, names, node_policy, card_policy, log, invalid)
+    for name, reason in skipped.items():
+        out.failed[name] = reason
+        out.reasons[reason] += 1
+    return out
+
+
+def _evaluate(
+    snap: view.Snapshot,
+    pod: requests.PodRequest,
+    names: Sequence[str],
+    node_policy: registry.Policy,
+    card_policy: registry.Policy,
+    log: logs.Log,
+    invalid: Collection[str],
+) -> FilterOutcome:
+    """The filter over nodes that are not excluded."""
     if log.enabled(5):
         return _filter_verbose(snap, pod, names, card_policy, log, invalid)
     ctx = context(snap)

@@ -22,14 +22,36 @@ from gpuslice.cache import cache as caches
 from gpuslice.extender import app as apps
 from gpuslice.extender import bind as binds
 from gpuslice.extender import binder as binders
-from gpuslice.extender import config, feed, logs, metrics, scheduling, view
+from gpuslice.extender import config, failpoints, feed, leader, logs, metrics, recovery, scheduling, view
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events as kevents
+from gpuslice.kube import lease
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``gpuslice serve`` flags (one per setting, see ``extender.config``)."""
     config.add_arguments(parser)
+
+
+def leadership(settings: config.Settings, kube: kclient.KubeClient) -> leader.Leadership:
+    """The leader election the settings ask for (see ``extender.leader``)."""
+    identity = settings.leader_identity or socket.gethostname()
+    if settings.leader_elect == "lease":
+        elector = lease.Elector(
+            kube,
+            settings.lease_namespace,
+            settings.lease_name,
+            identity,
+            lease_duration_s=settings.lease_duration_s,
+            renew_deadline_s=settings.renew_deadline_s,
+            retry_period_s=settings.retry_period_s,
+        )
+        return leader.OwnLease(elector)
+    if settings.leader_elect == "scheduler":
+        return leader.SchedulerLease(
+            kube, settings.lease_namespace, settings.lease_name, identity, settings.retry_period_s
+        )
+    return leader.Leadership()
 
 
 def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
@@ -42,20 +64,45 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
     events: binds.Events = recorder if recorder is not None else binds.NoEvents()
     source = feed.Feed(kube, cache, settings, log, m, recorder)
+    lead = leadership(settings, kube)
     flow = binds.BindFlow(
         cache=cache,
-        binder=binders.KubeBinder(kube, cached_node=source.node),
+        binder=binders.KubeBinder(kube, settings.node_lock_expiry_s, cached_node=source.node),
         policies=policies,
         request_config=settings.request_config,
         clock=time.time,
         log=log,
         metrics=m,
         events=events,
+        truth=source,
+        leading=lead.is_leading,
+        synced=source.ready,
+        excluded=source.health.excluded,
         lock_wait_s=settings.lock_wait_s,
-        invalid_nodes=source.invalid_nodes,
+        bind_timeout_s=settings.bind_timeout_s,
+        commit_deadline_s=settings.commit_deadline_s,
+        sync_wait_s=settings.sync_wait_s,
+        faults=failpoints.Failpoints.from_env(),
     )
     source.on_node_lock = flow.node_lock_changed
     source.on_capacity_freed = flow.capacity_freed
+    limits = recovery.Limits(
+        settings.orphan_grace_s, settings.allocate_timeout_s, settings.node_lock_expiry_s
+    )
+    sweeper = recovery.Recovery(
+        kube, source, flow, limits, events, m, log, lead.is_leading, settings.recovery_period_s
+    )
+
+    def changed(leading: bool) -> None:
+        m.leader.set(1 if leading else 0)
+        if leading:
+            sweeper.wake()  # a new leader clears what its predecessor left at once
+
+    lead.on_change = changed
+    m.leader.set(1 if lead.leading else 0)
+
+    def ready() -> bool:
+        return not lead.reports_not_ready_as_follower or lead.leading
 
     @contextlib.asynccontextmanager
     async def kube_client() -> AsyncIterator[object]:
@@ -64,7 +111,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         finally:
             await kube.aclose()
 
-    services: list[apps.Service] = [kube_client, source.running]
+    services: list[apps.Service] = [kube_client, source.running, lead.running, sweeper.running]
     if recorder is not None:
 
         @contextlib.asynccontextmanager
@@ -81,9 +128,11 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         log=log,
         metrics=m,
         events=events,
-        ready=source.ready,
+        ready=ready,
+        synced=source.ready,
         services=services,
         invalid_nodes=source.invalid_nodes,
+        excluded=source.health.excluded,
     )
 
 
@@ -97,11 +146,15 @@ def main(args: argparse.Namespace) -> int:
     log = logs.configure(settings.verbosity)
     try:
         deps = build(settings, log)
+    except failpoints.FailpointError as err:
+        print(f"gpuslice serve: {err}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - startup problems (kubeconfig, TLS files) end the command
         print(f"gpuslice serve: cannot start: {err}", file=sys.stderr)
         return 1
     log.info(
         "serving",
+        leader_elect=settings.leader_elect,
         listen=settings.listen,
         node_policy=settings.node_policy,
         card_policy=settings.card_policy,

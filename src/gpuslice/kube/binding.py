@@ -30,7 +30,9 @@ def body(namespace: str, name: str, uid: str, node: str) -> dict[str, object]:
     }
 
 
-async def bind(kube: kclient.KubeClient, namespace: str, name: str, uid: str, node: str) -> bool:
+async def bind(
+    kube: kclient.KubeClient, namespace: str, name: str, uid: str, node: str, timeout: float | None = None
+) -> bool:
     """Bind a pod to a node.
 
     Returns:
@@ -43,12 +45,15 @@ async def bind(kube: kclient.KubeClient, namespace: str, name: str, uid: str, no
     """
     try:
         await kube.request(
-            "POST", pods.path(namespace, name, "binding"), body=body(namespace, name, uid, node)
+            "POST",
+            pods.path(namespace, name, "binding"),
+            body=body(namespace, name, uid, node),
+            timeout=timeout,
         )
         return True
     except errors.Conflict as exc:
         conflict = exc
-    pod = await pods.get(kube, namespace, name)
+    pod = await pods.get(kube, namespace, name, timeout=timeout)
     if uid and pod.metadata.uid != uid:
         raise BindError(
             f"pod {namespace}/{name} has uid {pod.metadata.uid}, not {uid}: {conflict.message}",

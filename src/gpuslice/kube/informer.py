@@ -12,6 +12,15 @@ Other failures (5xx, connection loss) mark the informer unhealthy and retry the 
 last resourceVersion after a capped exponential backoff; if that resourceVersion has been
 compacted meanwhile the server answers 410 and the informer relists.
 
+A frozen watch (a stuck apiserver or a half-open connection: no event, no bookmark and no end of
+stream) is detected by the stream's read timeout, ``watch_timeout_s`` plus ``FROZEN_MARGIN_S``:
+the server ends every watch after ``timeoutSeconds``, so silence past that means the stream is
+dead; it counts as a failure and the watch is restarted. ``ready`` is False until the first list,
+while a watch is failing, and from a 410 until the relist it forces has completed, so callers
+never decide from a partial or unhealthy view. ``wait_for`` lets a caller wait until the informer
+has applied every event up to a given resourceVersion (etcd revisions are one global counter, so
+a node write's resourceVersion orders it against pod writes).
+
 Handlers are plain synchronous callables (the cache is synchronous); an exception in a handler
 is logged and does not stop the feed.
 """
@@ -20,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import heapq
+import itertools
 import logging
 import random
 import time
@@ -38,6 +49,8 @@ T = TypeVar("T")
 DEFAULT_PAGE_SIZE = 500
 DEFAULT_WATCH_TIMEOUT_S = 300
 DEFAULT_RESYNC_S = 1800.0
+FROZEN_MARGIN_S = 5.0
+"""Silence on a watch stream this long past its ``timeoutSeconds`` means the stream is dead."""
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 30.0
 
@@ -134,7 +147,52 @@ class Informer(Generic[T]):
         """How many times a 410 forced a relist."""
         self.restarts = 0
         """How many times a failure (not a normal watch end) restarted the loop."""
+        self.relisting = False
+        """True from a 410 (or an undecodable answer) until the relist it forces has completed.
+        A periodic resync leaves the view complete while it runs and does not set it."""
         self.last_error: errors.ApiError | None = None
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    @property
+    def ready(self) -> bool:
+        """Listed once, the last request succeeded, and no relist is half done."""
+        return self.synced and self.healthy and not self.relisting
+
+    def applied(self, resource_version: str) -> bool:
+        """True when every event up to ``resource_version`` has been applied (False if unknown)."""
+        mine, theirs = _revision(self.resource_version), _revision(resource_version)
+        return mine is not None and theirs is not None and mine >= theirs
+
+    async def wait_for(self, resource_version: str, timeout_s: float) -> bool:
+        """Wait until ``applied(resource_version)``; False after ``timeout_s`` or if not comparable."""
+        target = _revision(resource_version)
+        if target is None or _revision(self.resource_version) is None:
+            return False
+        if self.applied(resource_version):
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (target, next(self._seq), future))
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            return self.applied(resource_version)
+        finally:
+            future.cancel()
+        return True
+
+    def _advance(self, resource_version: str) -> None:
+        """Record the resourceVersion reached and wake the waiters it satisfies."""
+        self.resource_version = resource_version
+        if not self._waiters:
+            return
+        reached = _revision(resource_version)
+        if reached is None:
+            return
+        while self._waiters and self._waiters[0][0] <= reached:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
 
     def _emit(self, event: Event[T]) -> None:
         try:
@@ -185,14 +243,15 @@ class Informer(Generic[T]):
         self.lists += 1
         self.synced = True
         self.healthy = True
-        self.resource_version = rv
+        self.relisting = False
+        self._advance(rv)
         self._emit(Event(EventType.LISTED, None))
         return rv
 
     def _apply(self, kind: str, raw: msgspec.Raw) -> None:
         """Apply one watch event to the store and emit it."""
         if kind == "BOOKMARK":
-            self.resource_version = _META_ONLY.decode(raw).metadata.resource_version
+            self._advance(_META_ONLY.decode(raw).metadata.resource_version)
             return
         obj = self.kind.decoder.decode(raw)
         meta = self.kind.meta(obj)
@@ -204,7 +263,7 @@ class Informer(Generic[T]):
             self.store[key] = obj
             self._emit(Event(EventType.MODIFIED if kind == "MODIFIED" else EventType.ADDED, obj))
         if meta.resource_version:
-            self.resource_version = meta.resource_version
+            self._advance(meta.resource_version)
 
     async def watch(self, timeout_s: int) -> None:
         """Watch from ``resource_version`` until the server ends the stream.
@@ -220,7 +279,9 @@ class Informer(Generic[T]):
             "timeoutSeconds": timeout_s,
             **self._selectors,
         }
-        async with self.kube.stream(self.kind.path, params=params, read_timeout=timeout_s + 30.0) as resp:
+        async with self.kube.stream(
+            self.kind.path, params=params, read_timeout=timeout_s + FROZEN_MARGIN_S
+        ) as resp:
             self.healthy = True
             async for line in resp.aiter_lines():
                 if not line:
@@ -240,7 +301,9 @@ class Informer(Generic[T]):
         done = 0
         while iterations is None or done < iterations:
             try:
-                if not self.resource_version or (self.resync_s > 0 and self._clock() >= next_resync):
+                # A relist that failed half way left the store partial: list again, never watch.
+                resync_due = self.resync_s > 0 and self._clock() >= next_resync
+                if not self.resource_version or self.relisting or resync_due:
                     await self.relist()
                     next_resync = self._clock() + self.resync_s
                 timeout = self.watch_timeout_s
@@ -254,6 +317,7 @@ class Informer(Generic[T]):
                 self.last_error = exc
                 log.info("%s informer: %s; relisting", self.kind.name, exc)
                 self.resource_version = ""
+                self.relisting = self.synced
             except errors.ApiError as exc:
                 failures += 1
                 self.restarts += 1
@@ -269,4 +333,10 @@ class Informer(Generic[T]):
                 self.last_error = errors.ApiServerError(f"{self.kind.path}: undecodable answer: {exc}")
                 log.warning("%s informer: undecodable answer (%s); relisting", self.kind.name, exc)
                 self.resource_version = ""
+                self.relisting = self.synced
                 await self._sleep(retry_delay(failures, self._rng))
+
+
+def _revision(resource_version: str) -> int | None:
+    """A resourceVersion as the etcd revision it is, or None when it is not a number."""
+    return int(resource_version) if resource_version.isdigit() else None

@@ -16,7 +16,9 @@ Acquire, decided by ``decide`` from the current value:
 
 Every write is a JSON merge patch carrying the node's ``resourceVersion``; a 409 means somebody
 else wrote first, so the node is re-read and the decision made again (bounded, jittered backoff).
-Release is owner-checked and also compare-and-swap.
+A write whose reply was lost (5xx or no answer) may have been applied: the node is re-read, and a
+lock that names this pod is ours. Release is owner-checked and also compare-and-swap. The expiry
+is the caller's setting (HAMi's ``--node-lock-timeout`` / ``HAMI_NODELOCK_EXPIRE``).
 """
 
 from __future__ import annotations
@@ -169,6 +171,11 @@ async def acquire(
         try:
             rv = await _write(kube, node, mine, current.metadata.resource_version)
         except errors.Conflict:
+            await sleep(backoff(attempt, rng))
+            continue
+        except (errors.ApiServerError, errors.ApiUnavailable):
+            # The reply was lost: the write may have been applied. The next read tells, and a
+            # lock naming this pod is recognised as ours (HELD_BY_US) instead of contention.
             await sleep(backoff(attempt, rng))
             continue
         return Acquired(outcome, rv)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from gpuslice.codec import keys
 from gpuslice.kube import client as kclient
 from gpuslice.kube import objects
@@ -21,14 +23,16 @@ def decode(content: bytes) -> objects.Pod:
     return objects.decode_pod(content)
 
 
-async def get(kube: kclient.KubeClient, namespace: str, name: str) -> objects.Pod:
+async def get(
+    kube: kclient.KubeClient, namespace: str, name: str, timeout: float | None = None
+) -> objects.Pod:
     """Read a pod.
 
     Raises:
         errors.NotFound: no such pod.
         errors.ApiError: any other failure.
     """
-    resp = await kube.request("GET", path(namespace, name))
+    resp = await kube.request("GET", path(namespace, name), timeout=timeout)
     return decode(resp.content)
 
 
@@ -63,6 +67,7 @@ async def patch_annotations(
     labels: Mapping[str, str | None] | None = None,
     resource_version: str | None = None,
     uid: str | None = None,
+    timeout: float | None = None,
 ) -> objects.Pod:
     """Merge-patch a pod's annotations (and labels); returns the patched pod.
 
@@ -73,7 +78,9 @@ async def patch_annotations(
         errors.ApiError: any other failure.
     """
     body = annotation_patch(annotations, labels, resource_version, uid)
-    resp = await kube.request("PATCH", path(namespace, name), body=body, content_type=kclient.MERGE_PATCH)
+    resp = await kube.request(
+        "PATCH", path(namespace, name), body=body, content_type=kclient.MERGE_PATCH, timeout=timeout
+    )
     return decode(resp.content)
 
 
@@ -92,6 +99,20 @@ async def patch_allocation(
     node = annotations.get(keys.VGPU_NODE)
     labels = {keys.VGPU_NODE: node} if node else None
     return await patch_annotations(kube, namespace, name, annotations, labels=labels, uid=uid)
+
+
+async def list_claimed(kube: kclient.KubeClient, node: str) -> list[objects.Pod]:
+    """Every pod that claims devices on ``node``: HAMi's ``hami.io/vgpu-node=<node>`` label.
+
+    The label is written together with the device annotations (by gpuslice and by HAMi's
+    scheduler), before the Binding, so pods between annotation and Binding are included. The
+    list is a consistent read (no ``resourceVersion``): it reflects every write before it.
+    """
+    resp = await kube.request("GET", "/api/v1/pods", params={"labelSelector": f"{keys.VGPU_NODE}={node}"})
+    return _POD_LIST.decode(resp.content).items
+
+
+_POD_LIST = msgspec.json.Decoder(objects.ObjectList[objects.Pod])
 
 
 async def patch_status(

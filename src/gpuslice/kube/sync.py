@@ -16,7 +16,8 @@
 - **ResourceQuotas**: ``spec.hard`` -> GPU limits; several quotas in one namespace combine to the
   tightest limit of each resource -> ``set_quota``.
 
-``readiness()`` is True only once every informer has listed and while all of them are healthy.
+``readiness()`` is True only once every informer has listed, while all of them are healthy and
+while none is relisting after a 410 (see ``informer.Informer.ready``).
 """
 
 from __future__ import annotations
@@ -254,8 +255,8 @@ class Sync:
     # ----- lifecycle
 
     def readiness(self) -> bool:
-        """True once every kind has listed, and while every watch is healthy."""
-        return all(i.synced and i.healthy for i in self.informers)
+        """True once every kind has listed, while every watch is healthy and no forced relist runs."""
+        return all(i.ready for i in self.informers)
 
     async def run(self) -> None:
         """Run every informer until cancelled."""

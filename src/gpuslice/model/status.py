@@ -45,6 +45,10 @@ NODE_REGISTRATION_INVALID = "NodeRegistrationInvalid"
 INSUFFICIENT_CPU = "InsufficientCPU"
 INSUFFICIENT_HOST_MEMORY = "InsufficientHostMemory"
 INVALID_REQUEST = "InvalidRequest"
+NODE_HANDSHAKE_STALE = "NodeHandshakeStale"
+"""The node's device plugin stopped reporting (HAMi's handshake / kubelet no longer advertises GPUs)."""
+NODE_LOCK_HELD = "NodeLockHeld"
+"""Another pod has held the node's HAMi lock for longer than a bind takes (a stuck Allocate)."""
 
 ALL_REASONS: tuple[str, ...] = (
     INSUFFICIENT_GPU_MEMORY,
@@ -63,6 +67,8 @@ ALL_REASONS: tuple[str, ...] = (
     INSUFFICIENT_CPU,
     INSUFFICIENT_HOST_MEMORY,
     INVALID_REQUEST,
+    NODE_HANDSHAKE_STALE,
+    NODE_LOCK_HELD,
 )
 
 
