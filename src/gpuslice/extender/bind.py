@@ -52,6 +52,8 @@ from gpuslice.model import allocations, requests, status
 from gpuslice.model import config as model_config
 from gpuslice.policy import fit
 
+QUEUE_MARGIN_S = 1.0
+"""Of ``bind_timeout_s``, kept back from the per-node queue for the truth check and the answer."""
 RESOLVE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)
 """Pauses between the resolver's attempts to finish an ambiguous bind (the last one repeats)."""
 
@@ -320,8 +322,10 @@ class BindFlow:
         handed_over = False
         try:
             queue = self._queues.setdefault(node, asyncio.Lock())
-            left = self.bind_timeout_s - (self.monotonic() - started)
-            if not await _acquire(queue, left):
+            # What stays for the queue once the lock wait and the writes are budgeted, so the whole
+            # call ends within bind_timeout_s.
+            budget = self.bind_timeout_s - self.lock_wait_s - self.commit_deadline_s - QUEUE_MARGIN_S
+            if not await _acquire(queue, budget - (self.monotonic() - started)):
                 self.cache.forget(key)
                 return Outcome("busy", f"node {node} busy: binds queued longer than {self.bind_timeout_s:g}s")
             try:

@@ -64,8 +64,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         events: emit Kubernetes events for filter and bind outcomes.
         sync_wait_s: how long filter, prioritize and bind wait for the caches to finish their
             first list (or a relist) before answering an error that kube-scheduler retries.
-        bind_timeout_s: the longest one bind call takes, queueing for the node included (keep it
-            below the scheduler's ``httpTimeout``; the rendered config uses 30 s).
+        bind_timeout_s: the longest one bind call takes, queueing for the node, the lock wait and
+            the writes included (keep it below the scheduler's ``httpTimeout``; the rendered
+            config uses 30 s).
         commit_deadline_s: after the node lock is taken, the annotation write and the Binding
             must be sent within this; the recovery grace must exceed it.
         orphan_grace_s: a node lock (or a pod's bind annotations) left by a bind that no live
@@ -299,8 +300,8 @@ def _fault_problems(s: Settings) -> list[str]:
     problems.extend(f"{name} must be > 0" for name in positive if not getattr(s, name) > 0)
     if s.node_lock_expiry_s < 0:
         problems.append("node_lock_expiry_s must be >= 0 (0: HAMI_NODELOCK_EXPIRE or 300 s)")
-    if s.bind_timeout_s <= s.lock_wait_s:
-        problems.append("bind_timeout_s must exceed lock_wait_s")
+    if s.bind_timeout_s <= s.lock_wait_s + s.commit_deadline_s + 1:
+        problems.append("bind_timeout_s must exceed lock_wait_s + commit_deadline_s + 1 s")
     if s.orphan_grace_s <= s.commit_deadline_s:
         problems.append("orphan_grace_s must exceed commit_deadline_s (a live bind is never an orphan)")
     if s.leader_elect not in LEADER_MODES:
