@@ -42,8 +42,8 @@ async def test_wait_for_times_out_and_refuses_opaque_versions() -> None:
 
 def test_ready_needs_sync_health_and_no_forced_relist() -> None:
     inf = make()
-    assert inf.ready
-    inf.relisting = True
-    assert not inf.ready
-    inf.relisting, inf.healthy = False, False
-    assert not inf.ready
+    states = []
+    for relisting, healthy in ((False, True), (True, True), (False, False)):
+        inf.relisting, inf.healthy = relisting, healthy
+        states.append(inf.ready)
+    assert states == [True, False, False]
