@@ -188,6 +188,29 @@ async def test_lock_cas_retries_after_conflict_with_backoff() -> None:
     assert lockcodec.is_owner(sent[-1]["metadata"]["annotations"][keys.NODE_LOCK], "ns", "p")
 
 
+@pytest.mark.parametrize("lost", ["500", "dropped"])
+async def test_lock_write_whose_reply_was_lost_is_recognised_as_ours(lost: str) -> None:
+    """The apiserver applied the lock write, then the answer was lost (500 or no answer)."""
+    state: dict[str, Any] = {"lock": None, "rv": "7"}
+
+    async def sleep(d: float) -> None:
+        pass
+
+    def handler(req: Request) -> Reply:
+        if req.method == "GET":
+            return Reply(body=_node_with_lock(state["rv"], state["lock"]))
+        state["lock"], state["rv"] = req.json()["metadata"]["annotations"][keys.NODE_LOCK], "8"
+        if lost == "500":
+            return fakeapi.error(500, "InternalError", "etcd request timed out")
+        return Reply(close_early=True)
+
+    async with fakeapi.serving(handler) as (api, kube):
+        got = await locks.acquire(kube, "n1", "ns", "p", clock=lambda: 1_800_000_000.0, sleep=sleep)
+
+    assert got == locks.Acquired(locks.Outcome.ALREADY_HELD, "8")
+    assert len(api.paths("PATCH")) == 1  # one write; the re-read saw it applied
+
+
 async def test_lock_gives_up_after_bounded_conflicts() -> None:
     async def sleep(d: float) -> None:
         pass
