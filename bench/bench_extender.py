@@ -33,9 +33,13 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    pass
 
 OUT = pathlib.Path("out")
 NODES = 5000
@@ -74,22 +78,33 @@ def build_cache(pods: int, seed: int) -> Any:
 
 
 class _NoBinder:
+    """A ``Binder`` for a server that is never asked to bind (filter and prioritize only)."""
+
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return None
 
-    async def lock_node(self, node: str, namespace: str, name: str) -> None:
+    async def lock_node(self, node: str, namespace: str, name: str) -> str:
         raise RuntimeError("no binds in this benchmark")
 
     async def unlock_node(self, node: str, namespace: str, name: str) -> None:
         return None
 
-    async def annotate(self, namespace: str, name: str, uid: str, annotations: Any) -> None:
+    async def annotate(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        annotations: Mapping[str, str | None],
+        timeout: float | None = None,
+    ) -> None:
         return None
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, timeout: float | None = None
+    ) -> None:
         return None
 
-    async def touch_node(self, node: str, annotations: Any) -> None:
+    async def touch_node(self, node: str, annotations: Mapping[str, str]) -> None:
         return None
 
 
@@ -109,8 +124,28 @@ def serve_memory(port: int, pods: int, seed: int) -> None:
     log = logs.Log(0)
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
     policies = scheduling.Policies.build(settings.node_policy, settings.card_policy)
-    flow = binds.BindFlow(cache, _NoBinder(), policies, settings.request_config, time.time, log, m)
-    deps = apps.Deps(settings, cache, flow, policies, log, m, binds.NoEvents())
+    flow = binds.BindFlow(
+        cache=cache,
+        binder=_NoBinder(),
+        policies=policies,
+        request_config=settings.request_config,
+        clock=time.time,
+        log=log,
+        metrics=m,
+        lock_wait_s=settings.lock_wait_s,
+        bind_timeout_s=settings.bind_timeout_s,
+        commit_deadline_s=settings.commit_deadline_s,
+        sync_wait_s=settings.sync_wait_s,
+    )  # the only writer and always synced: Trusting truth, leading, no exclusions (the defaults)
+    deps = apps.Deps(
+        settings=settings,
+        cache=cache,
+        flow=flow,
+        policies=policies,
+        log=log,
+        metrics=m,
+        events=binds.NoEvents(),
+    )
     uvicorn.run(
         apps.create_app(deps),
         host="127.0.0.1",

@@ -371,7 +371,10 @@ class BindFlow:
 
     def _readmit(self, job: _Bind) -> Outcome | None:
         """After the truth check: admit the reservation again, re-placing it if it no longer fits."""
-        self.cache.forget(job.key)
+        if not self.cache.forget(job.key):
+            # The watch took the pod out of the assumed state while we waited: it was deleted,
+            # or bound (elsewhere) by someone else. Nothing of ours is left to admit.
+            return Outcome("rejected", f"pod {job.key} changed while its bind waited")
         verdict = self.cache.assume(job.key, job.uid, job.alloc, self.clock())
         if verdict.ok:
             return None
@@ -573,7 +576,9 @@ class BindFlow:
             self._live.pop(job.key, None)
 
     async def _finish(self, job: _Bind, annotations: dict[str, str]) -> bool:
-        """One attempt: True when bound to our node, False when the pod is gone (nothing to keep).
+        """One attempt: True when bound to our node, False when there is nothing left to finish.
+
+        False: the pod is gone, recreated or bound elsewhere; our lock and reservation are dropped.
 
         Raises:
             binders.BindFailure: a write failed (ambiguous: try again; definite: undo).
@@ -590,7 +595,10 @@ class BindFlow:
         if bound_to == job.node:
             return True
         if bound_to:
-            raise binders.BindFailure("bind", f"pod {job.key} is bound to {bound_to}, not {job.node}")
+            # Bound elsewhere by another binder: the annotations are its own now; only our lock
+            # and our reservation go.
+            await self._undo(job, annotated=False, locked=True)
+            return False
         await self.binder.annotate(job.ns, job.name, job.uid, annotations, timeout=self.commit_deadline_s)
         await self.binder.bind(job.ns, job.name, job.uid, job.node, timeout=self.commit_deadline_s)
         return True

@@ -77,10 +77,6 @@ class Binder(Protocol):
         """POST the Binding; a repeat to the same node succeeds."""
         ...
 
-    async def claimed_pods(self, node: str) -> list[objects.Pod]:
-        """Every pod claiming devices on ``node``, read from the API (consistent read)."""
-        ...
-
     async def touch_node(self, node: str, annotations: Mapping[str, str]) -> None:
         """Merge-patch node annotations (used to make kube-scheduler retry pending pods)."""
         ...
@@ -204,13 +200,6 @@ class KubeBinder:
             await binding.bind(self._kube, namespace, name, uid, node, timeout=timeout)
         except kerrors.ApiError as err:
             raise _failure("bind", err) from err
-
-    async def claimed_pods(self, node: str) -> list[objects.Pod]:
-        """Every pod claiming devices on ``node`` (``hami.io/vgpu-node`` label), from the API."""
-        try:
-            return await pods.list_claimed(self._kube, node)
-        except kerrors.ApiError as err:
-            raise _failure("read", err) from err
 
     async def touch_node(self, node: str, annotations: Mapping[str, str]) -> None:
         """Merge-patch the node's annotations."""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -10,8 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
+from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, pod_devices, resources
 from gpuslice.extender import app as apps
+from gpuslice.extender import bind as binds
 from gpuslice.extender import config, wire
 from gpuslice.policy import quota as quotas
 from gpuslice.policy import registry
@@ -20,25 +23,24 @@ from tests.unit.extender import fakes
 
 pytestmark = pytest.mark.unit
 
-# n-free: one 80 GiB A100, idle. n-full: one card with 78000 of 81920 MiB used.
-# n-two: two idle cards. n-half: one card with 40000 MiB used.
-# "ghost" is not in the cache; "bad" has an invalid registration.
+# n-free: one 80 GiB A100, idle. n-full: one card with 78000 of 81920 MiB used (by a running pod).
+# n-two: two idle cards. n-half: one card with 40000 MiB used (by a running pod).
+# "ghost" is not in the cache; "bad" has an invalid registration (the feed's invalid_nodes).
+INVALID = frozenset({"bad"})
+BIND_P = {"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-free"}
 
 
-def _cache() -> fakes.FakeCache:
-    return fakes.FakeCache(
-        [
-            node("n-free").gpus(1).state(),
-            node("n-full").gpus(1).used(0, memory=78000, cores=10).state(),
-            node("n-two").gpus(2).state(),
-            node("n-half").gpus(1).used(0, memory=40000, cores=10).state(),
-        ],
-        invalid=frozenset({"bad"}),
+def _cache() -> caches.ClusterCache:
+    cache = fakes.cluster_cache(
+        node("n-free").gpus(1), node("n-full").gpus(1), node("n-two").gpus(2), node("n-half").gpus(1)
     )
+    fakes.charge(cache, "other/full", "n-full", (0, 78000, 10))
+    fakes.charge(cache, "other/half", "n-half", (0, 40000, 10))
+    return cache
 
 
 @pytest.fixture
-def cache() -> fakes.FakeCache:
+def cache() -> caches.ClusterCache:
     return _cache()
 
 
@@ -48,8 +50,9 @@ def binder() -> fakes.FakeBinder:
 
 
 @pytest.fixture
-def client(cache: fakes.FakeCache, binder: fakes.FakeBinder) -> Iterator[TestClient]:
-    with TestClient(apps.create_app(fakes.make_deps(cache, binder)), raise_server_exceptions=False) as c:
+def client(cache: caches.ClusterCache, binder: fakes.FakeBinder) -> Iterator[TestClient]:
+    deps = fakes.make_deps(cache, binder, invalid=INVALID)
+    with TestClient(apps.create_app(deps), raise_server_exceptions=False) as c:
         yield c
 
 
@@ -112,9 +115,13 @@ def test_unknown_policy_override_is_invalid_request(client: TestClient) -> None:
     assert body["FailedAndUnresolvableNodes"] == {"n-free": "InvalidRequest"}
 
 
-def test_quota_blocks_in_filter(cache: fakes.FakeCache, client: TestClient) -> None:
-    # limit 10000 MiB, 4000 used; 8000 more would make 12000 > 10000.
-    cache.quotas["team"] = quotas.QuotaView(memory_limit=10000, used_memory=4000)
+def test_quota_blocks_in_filter(cache: caches.ClusterCache, client: TestClient) -> None:
+    # limit 10000 MiB, 4000 used by a running pod; 8000 more would make 12000 > 10000.
+    fakes.charge(cache, "team/running", "n-two", (0, 4000, 0))
+    cache.set_quota("team", quotas.QuotaView(memory_limit=10000))
+    assert cache.snapshot().quota("team") == quotas.QuotaView(
+        memory_limit=10000, used_memory=4000, used_count=1
+    )
     body = client.post(
         "/filter", json=_args(fakes.gpu_pod("p", mem=8000, namespace="team"), ["n-free"])
     ).json()
@@ -140,29 +147,18 @@ def test_prioritize_returns_bare_array_scaled_to_ten(client: TestClient, filtere
     assert client.post("/score", json=_args(pod, ["n-free"])).json()[0]["Host"] == "n-free"
 
 
-def test_prioritize_rescores_nodes_changed_since_filter(client: TestClient, cache: fakes.FakeCache) -> None:
+def test_prioritize_rescores_nodes_changed_since_filter(
+    client: TestClient, cache: caches.ClusterCache
+) -> None:
     pod = fakes.gpu_pod("p", mem=8000, cores=30)
     names = ["n-free", "n-half"]
     client.post("/filter", json=_args(pod, names))
     before = client.post("/prioritize", json=_args(fakes.gpu_pod("q", mem=8000, cores=30), names)).json()
-    # Fill n-free after the filter: its memoized score is stale and must be recomputed.
-    cache.base["n-free"] = node("n-free").gpus(1).used(0, memory=70000, cores=10).state()
+    # A pod lands on n-free after the filter: its memoized score is stale and must be recomputed.
+    fakes.charge(cache, "other/filler", "n-free", (0, 70000, 10))
     after = client.post("/prioritize", json=_args(pod, names)).json()
     assert after[0]["Score"] > before[0]["Score"]
     assert after[1] == before[1]
-
-
-class _FrozenCache(fakes.FakeCache):
-    """One snapshot object for every call: the real cache's behaviour while nothing changes."""
-
-    def __init__(self) -> None:
-        super().__init__(list(_cache().base.values()), invalid=frozenset({"bad"}))
-        self._snap: fakes.Snapshot | None = None
-
-    def snapshot(self) -> fakes.Snapshot:
-        if self._snap is None:
-            self._snap = super().snapshot()
-        return self._snap
 
 
 def _versioned(pod: dict[str, Any], version: str) -> dict[str, Any]:
@@ -172,7 +168,10 @@ def _versioned(pod: dict[str, Any], version: str) -> dict[str, Any]:
 
 def test_prioritize_after_filter_on_the_same_snapshot_reuses_filter_scores() -> None:
     names = ["n-free", "n-half", "n-two"]
-    with TestClient(apps.create_app(fakes.make_deps(_FrozenCache()))) as c:
+    cache = _cache()
+    # While nothing changes, the real cache hands out one snapshot object (what the memo relies on).
+    assert cache.snapshot() is cache.snapshot()
+    with TestClient(apps.create_app(fakes.make_deps(cache, invalid=INVALID))) as c:
         pod = _versioned(fakes.gpu_pod("p", mem=8000, cores=30), "1")
         cold = c.post(
             "/prioritize", json=_args(_versioned(fakes.gpu_pod("q", mem=8000, cores=30), "1"), names)
@@ -192,13 +191,11 @@ def test_prioritize_after_filter_on_the_same_snapshot_reuses_filter_scores() -> 
 
 
 def test_bind_writes_hami_annotations_and_binds(
-    client: TestClient, cache: fakes.FakeCache, binder: fakes.FakeBinder
+    client: TestClient, cache: caches.ClusterCache, binder: fakes.FakeBinder
 ) -> None:
     pod = fakes.gpu_pod("p", mem=4000, cores=30)
     assert client.post("/filter", json=_args(pod, ["n-free"])).json()["NodeNames"] == ["n-free"]
-    r = client.post(
-        "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-free"}
-    )
+    r = client.post("/bind", json=BIND_P)
     assert r.status_code == 200
     assert r.json() == {"Error": ""}
     assert [c[0] for c in binder.calls] == ["lock", "annotate", "bind"]
@@ -208,18 +205,22 @@ def test_bind_writes_hami_annotations_and_binds(
     assert ann[keys.DEVICES_ALLOCATED] == ann[keys.DEVICES_TO_ALLOCATE] == "GPU-n-free-0,NVIDIA,4000,30:;"
     assert ann[keys.BIND_TIME] == ann[keys.VGPU_TIME] == "1700000000"
     assert binder.bound == {"default/p": "n-free"}
-    assert cache.pods["default/p"][2] is True  # binding finished
+    assert cache.pod_state("default/p") is caches.PodState.ASSUMED  # until the watch confirms it
+    assert fakes.usage(cache, "n-free") == [(1, 4000, 30)]
     # A repeated bind (scheduler retry after a timeout) succeeds without a second reservation.
-    again = client.post(
-        "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-free"}
-    )
+    again = client.post("/bind", json=BIND_P)
     assert again.json() == {"Error": ""}
-    assert len(cache.pods) == 1
+    assert fakes.usage(cache, "n-free") == [(1, 4000, 30)]
+    assert [c[0] for c in binder.calls] == ["lock", "annotate", "bind"]
+    # The binding finished: the assumed pod's TTL runs from the bind's clock.
+    ttl = config.Settings().assumed_ttl_s
+    assert cache.expire(fakes.CLOCK + ttl - 1, ttl) == ()
+    assert cache.expire(fakes.CLOCK + ttl, ttl) == ("default/p",)
 
 
-def test_bind_reads_the_pod_when_it_was_not_filtered_here(cache: fakes.FakeCache) -> None:
+def test_bind_reads_the_pod_when_it_was_not_filtered_here(cache: caches.ClusterCache) -> None:
     binder = fakes.FakeBinder({"default/p": fakes.gpu_pod("p", mem=1000)})
-    with TestClient(apps.create_app(fakes.make_deps(cache, binder))) as c:
+    with TestClient(apps.create_app(fakes.make_deps(cache, binder, invalid=INVALID))) as c:
         r = c.post(
             "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-two"}
         )
@@ -233,36 +234,38 @@ def test_bind_reads_the_pod_when_it_was_not_filtered_here(cache: fakes.FakeCache
 
 @pytest.mark.parametrize("op", ["lock", "annotate", "bind"], ids=["lock", "annotate", "bind"])
 def test_bind_failure_rolls_everything_back(
-    op: str, client: TestClient, cache: fakes.FakeCache, binder: fakes.FakeBinder
+    op: str, client: TestClient, cache: caches.ClusterCache, binder: fakes.FakeBinder
 ) -> None:
     client.post("/filter", json=_args(fakes.gpu_pod("p", mem=4000), ["n-free"]))
-    binder.fail[op] = "boom"
-    r = client.post(
-        "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-free"}
-    )
+    binder.fail[op] = "boom"  # a definite failure (4xx): nothing was written
+    r = client.post("/bind", json=BIND_P)
     assert r.status_code == 200
     assert r.json()["Error"].startswith(f"{op} failed")
-    assert cache.pods == {}  # assumption forgotten
+    assert cache.pod_state("default/p") is None  # assumption forgotten
+    assert fakes.usage(cache, "n-free") == [(0, 0, 0)]
     assert binder.locks == {}  # node lock released (or never taken)
     assert binder.annotations.get("default/p", {}) == {}  # annotations removed
     assert binder.bound == {}
 
 
-def test_bind_of_pod_that_no_longer_fits_is_an_error(client: TestClient, cache: fakes.FakeCache) -> None:
+def test_bind_of_pod_that_no_longer_fits_is_an_error(
+    client: TestClient, cache: caches.ClusterCache, binder: fakes.FakeBinder
+) -> None:
     client.post("/filter", json=_args(fakes.gpu_pod("p", mem=8000), ["n-full"]))
-    r = client.post(
-        "/bind", json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n-full"}
-    )
+    r = client.post("/bind", json=BIND_P | {"Node": "n-full"})
     assert "no longer fits" in r.json()["Error"]
-    assert cache.pods == {}
+    assert binder.calls == []
+    assert cache.pod_state("default/p") is None
+    assert fakes.usage(cache, "n-full") == [(1, 78000, 10)]  # only the pod already running there
 
 
-def test_bind_of_unknown_pod_is_an_error(client: TestClient) -> None:
+def test_bind_of_unknown_pod_is_an_error(client: TestClient, binder: fakes.FakeBinder) -> None:
     r = client.post(
         "/bind", json={"PodName": "x", "PodNamespace": "default", "PodUID": "u", "Node": "n-free"}
     )
     assert r.status_code == 200
     assert r.json()["Error"] == "pod not found"
+    assert binder.calls == [("read", "default", "x")]
 
 
 @pytest.mark.parametrize(
@@ -328,12 +331,64 @@ def test_health_ready_and_metrics(client: TestClient) -> None:
     assert "hami_gpu_memory_limit_bytes" in text
 
 
-def test_readyz_is_503_until_synced(cache: fakes.FakeCache) -> None:
+def test_readyz_is_503_until_synced(cache: caches.ClusterCache) -> None:
+    with TestClient(apps.create_app(fakes.make_deps(cache, synced=lambda: False))) as c:
+        r = c.get("/readyz")
+        assert (r.status_code, r.text) == (503, "cache not synced")
+        assert "gpuslice_cache_synced 0.0" in c.get("/metrics").text
+
+
+def test_readyz_is_503_for_a_follower(cache: caches.ClusterCache) -> None:
     with TestClient(apps.create_app(fakes.make_deps(cache, ready=False))) as c:
-        assert c.get("/readyz").status_code == 503
+        r = c.get("/readyz")
+        assert (r.status_code, r.text) == (503, "not leader")
+        assert "gpuslice_cache_synced 1.0" in c.get("/metrics").text
 
 
-def test_events_summarize_filter_and_bind(cache: fakes.FakeCache) -> None:
+def test_filter_and_prioritize_refuse_to_decide_from_an_unsynced_cache(cache: caches.ClusterCache) -> None:
+    settings = config.Settings(sync_wait_s=0.05)
+    deps = fakes.make_deps(cache, settings=settings, synced=lambda: False)
+    pod = fakes.gpu_pod("p", mem=8000)
+    with TestClient(apps.create_app(deps)) as c:
+        body = c.post("/filter", json=_args(pod, ["n-free", "n-two"])).json()
+        # An Error (kube-scheduler retries the pod), never "no node fits" from a partial cache.
+        assert body == {
+            "NodeNames": [],
+            "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {},
+            "Error": apps.NOT_SYNCED,
+        }
+        r = c.post("/prioritize", json=_args(pod, ["n-free"]))
+        assert (r.status_code, r.text) == (503, apps.NOT_SYNCED)
+        text = c.get("/metrics").text
+    assert 'gpuslice_not_synced_answers_total{verb="filter"} 1.0' in text
+    assert 'gpuslice_not_synced_answers_total{verb="prioritize"} 1.0' in text
+
+
+def test_filter_waits_for_the_sync_within_sync_wait(cache: caches.ClusterCache) -> None:
+    # Synced on the third look: the filter waits (at most sync_wait_s) and then answers normally.
+    looks = iter([False, False])
+    deps = fakes.make_deps(cache, settings=config.Settings(sync_wait_s=5.0), synced=lambda: next(looks, True))
+    with TestClient(apps.create_app(deps)) as c:
+        body = c.post("/filter", json=_args(fakes.gpu_pod("p", mem=8000), ["n-free"])).json()
+    assert body["NodeNames"] == ["n-free"] and body["Error"] == ""
+
+
+def test_excluded_nodes_fail_filter_and_bind_with_their_reason(
+    cache: caches.ClusterCache, binder: fakes.FakeBinder
+) -> None:
+    deps = fakes.make_deps(cache, binder, excluded={"n-two": "NodeLockHeld"})
+    pod = fakes.gpu_pod("p", mem=8000)
+    with TestClient(apps.create_app(deps)) as c:
+        body = c.post("/filter", json=_args(pod, ["n-free", "n-two"])).json()
+        assert body["NodeNames"] == ["n-free"]
+        assert body["FailedNodes"] == {"n-two": "NodeLockHeld"}
+        r = c.post("/bind", json=BIND_P | {"Node": "n-two"})
+    assert r.json() == {"Error": "node n-two: NodeLockHeld"}
+    assert binder.calls == [] and cache.pod_state("default/p") is None
+
+
+def test_events_summarize_filter_and_bind(cache: caches.ClusterCache) -> None:
     deps = fakes.make_deps(cache)
     with TestClient(apps.create_app(deps)) as c:
         c.post("/filter", json=_args(fakes.gpu_pod("p", mem=8000, cores=30), ["n-free", "n-full", "ghost"]))
@@ -356,14 +411,14 @@ def test_events_summarize_filter_and_bind(cache: fakes.FakeCache) -> None:
     )
 
 
-def test_settings_body_limit_applies(cache: fakes.FakeCache) -> None:
+def test_settings_body_limit_applies(cache: caches.ClusterCache) -> None:
     settings = config.Settings(body_limit_bytes=2048)
     with TestClient(apps.create_app(fakes.make_deps(cache, settings=settings))) as c:
         r = c.post("/filter", content=json.dumps(_args(fakes.gpu_pod("p"), ["n"] * 1000)))
     assert r.status_code == 413
 
 
-def test_bind_waits_for_a_node_lock_held_by_another_pods_allocate(cache: fakes.FakeCache) -> None:
+def test_bind_waits_for_a_node_lock_held_by_another_pods_allocate(cache: caches.ClusterCache) -> None:
     binder = fakes.FakeBinder()
     binder.locks["n-free"] = "default/other"
     deps = fakes.make_deps(cache, binder)
@@ -371,14 +426,10 @@ def test_bind_waits_for_a_node_lock_held_by_another_pods_allocate(cache: fakes.F
     deps.flow.clock = lambda: clock[0]
 
     async def release_later() -> None:
-        import asyncio
-
         await asyncio.sleep(0.05)
-        del binder.locks["n-free"]
+        binder.release("n-free")  # the other pod's Allocate is done; the node watch reports it
 
-    async def run() -> str:
-        import asyncio
-
+    async def run() -> binds.Outcome:
         deps.flow.remember(resources.parse_pod(fakes.gpu_pod("p", mem=1000)))
         args = wire.ExtenderBindingArgs("p", "default", "uid-p", "n-free")
         releaser = asyncio.create_task(release_later())
@@ -386,22 +437,22 @@ def test_bind_waits_for_a_node_lock_held_by_another_pods_allocate(cache: fakes.F
         await releaser
         return out
 
-    import asyncio
-
-    assert asyncio.run(run()) == ""
+    outcome = asyncio.run(run())
+    assert outcome.ok and outcome.result == "bound" and outcome.error == ""
     assert binder.bound == {"default/p": "n-free"}
+    assert [c[0] for c in binder.calls].count("lock") >= 2  # contention first, then taken
     # With no time left to wait, contention is an error and everything is rolled back.
     binder.locks["n-free"] = "default/other"
     impatient = fakes.make_deps(cache, binder, settings=config.Settings(lock_wait_s=0.0))
     impatient.flow.remember(resources.parse_pod(fakes.gpu_pod("q", mem=1000)))
     err = asyncio.run(impatient.flow.bind(wire.ExtenderBindingArgs("q", "default", "uid-q", "n-free")))
-    assert err.startswith("lock failed")
-    assert "default/q" not in cache.pods
+    assert err.result == "failed" and err.error.startswith("lock failed")
+    assert cache.pod_state("default/q") is None
+    assert binder.locks == {"n-free": "default/other"}
+    assert fakes.usage(cache, "n-free") == [(1, 1000, 0)]  # p alone
 
 
-def test_capacity_freed_nudges_kube_scheduler_only_while_pods_wait(cache: fakes.FakeCache) -> None:
-    import asyncio
-
+def test_capacity_freed_nudges_kube_scheduler_only_while_pods_wait(cache: caches.ClusterCache) -> None:
     binder = fakes.FakeBinder()
     deps = fakes.make_deps(cache, binder)
     with TestClient(apps.create_app(deps)) as c:
@@ -438,7 +489,7 @@ def test_capacity_freed_nudges_kube_scheduler_only_while_pods_wait(cache: fakes.
 
 
 def test_bind_of_a_pod_without_gpus_only_posts_the_binding(
-    client: TestClient, cache: fakes.FakeCache, binder: fakes.FakeBinder
+    client: TestClient, cache: caches.ClusterCache, binder: fakes.FakeBinder
 ) -> None:
     pod = {"metadata": {"name": "cpu", "uid": "u-cpu"}, "spec": {"containers": [{"name": "c"}]}}
     client.post("/filter", json=_args(pod, ["n-free"]))
@@ -447,7 +498,9 @@ def test_bind_of_a_pod_without_gpus_only_posts_the_binding(
     )
     assert r.json() == {"Error": ""}
     assert [c[0] for c in binder.calls] == ["bind"]
-    assert cache.pods == {}
+    assert binder.bound == {"default/cpu": "n-free"}
+    assert cache.pod_state("default/cpu") is None
+    assert fakes.usage(cache, "n-free") == [(0, 0, 0)]
 
 
 json_values = st.recursive(
@@ -486,7 +539,7 @@ def test_any_json_body_is_answered_without_5xx(client: TestClient, path: str, bo
 
 @pytest.mark.parametrize("policy", registry.names(), ids=str)
 def test_every_registered_policy_serves_filter_prioritize_and_bind(
-    cache: fakes.FakeCache, policy: str
+    cache: caches.ClusterCache, policy: str
 ) -> None:
     binder = fakes.FakeBinder()
     binder.plugin_releases_lock = True
@@ -506,10 +559,12 @@ def test_every_registered_policy_serves_filter_prioritize_and_bind(
                 json={"PodName": f"p{k}", "PodNamespace": "default", "PodUID": f"uid-p{k}", "Node": best},
             )
             assert r.json() == {"Error": ""}
+    assert len(binder.bound) == 3 and fakes.overcommitted(cache) == []
+    assert all(cache.pod_state(k) is caches.PodState.ASSUMED for k in binder.bound)
 
 
 def test_verbose_logs_one_line_per_node_and_card(
-    cache: fakes.FakeCache, caplog: pytest.LogCaptureFixture
+    cache: caches.ClusterCache, caplog: pytest.LogCaptureFixture
 ) -> None:
     import logging
 

@@ -11,6 +11,7 @@ from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
 from gpuslice.extender import binder as binders
 from gpuslice.kube import client as kclient
+from gpuslice.kube import errors as kerrors
 from gpuslice.kube import objects
 
 pytestmark = pytest.mark.unit
@@ -61,3 +62,74 @@ def test_watched_free_lock_is_taken_with_one_patch() -> None:
     kube = _Kube(_node(None))
     asyncio.run(_binder(_node(None), kube).lock_node("n1", "default", "p"))
     assert kube.calls == [("PATCH", "/api/v1/nodes/n1")]
+
+
+def test_lock_returns_the_nodes_resource_version_after_the_write() -> None:
+    after = _node(lockcodec.encode(NOW, "default", "p"))
+    after["metadata"]["resourceVersion"] = "8"
+    kube = _Kube(after)  # the PATCH answers the node as written
+    assert asyncio.run(_binder(_node(None), kube).lock_node("n1", "default", "p")) == "8"
+
+
+class _Api:
+    """Records every request with its arguments; answers ``reply`` or raises ``error``."""
+
+    def __init__(self, reply: bytes = b"{}", error: Exception | None = None) -> None:
+        self.reply = reply
+        self.error = error
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> kclient.Response:
+        self.calls.append((method, path, kwargs))
+        if self.error is not None:
+            raise self.error
+        return kclient.Response(200, self.reply)
+
+
+def _kube_binder(api: _Api) -> binders.KubeBinder:
+    return binders.KubeBinder(cast(kclient.KubeClient, api), clock=lambda: NOW)
+
+
+def test_annotate_and_bind_pass_their_timeouts_and_the_label_follows() -> None:
+    api = _Api(json.dumps({"metadata": {"name": "p", "namespace": "default"}}).encode())
+    b = _kube_binder(api)
+    asyncio.run(
+        b.annotate("default", "p", "uid-p", {keys.VGPU_NODE: "n1", keys.BIND_PHASE: "x"}, timeout=1.5)
+    )
+    asyncio.run(b.bind("default", "p", "uid-p", "n1", timeout=2.5))
+    (m1, p1, a1), (m2, p2, a2) = api.calls
+    assert (m1, p1, a1["timeout"]) == ("PATCH", "/api/v1/namespaces/default/pods/p", 1.5)
+    meta = a1["body"]["metadata"]
+    assert meta["labels"] == {keys.VGPU_NODE: "n1"} and meta["uid"] == "uid-p"
+    assert (m2, p2, a2["timeout"]) == ("POST", "/api/v1/namespaces/default/pods/p/binding", 2.5)
+    assert a2["body"]["target"]["name"] == "n1" and a2["body"]["metadata"]["uid"] == "uid-p"
+    # Removing the annotations removes the label too.
+    asyncio.run(b.annotate("default", "p", "uid-p", {keys.VGPU_NODE: None}))
+    assert api.calls[-1][2]["body"]["metadata"]["labels"] == {keys.VGPU_NODE: None}
+
+
+@pytest.mark.parametrize(
+    ("error", "ambiguous"),
+    [
+        (kerrors.ApiUnavailable("read timed out"), True),
+        (kerrors.ApiServerError("etcdserver: request timed out"), True),
+        (kerrors.ApiServerError("service unavailable", code=503), True),
+        (kerrors.Conflict("the object has been modified"), False),
+        (kerrors.NotFound('pods "p" not found'), False),
+        (kerrors.Invalid("metadata.uid: field is immutable"), False),
+        (kerrors.TooManyRequests("throttled"), False),
+    ],
+    ids=["unavailable", "500", "503", "409", "404", "422", "429"],
+)
+def test_failures_say_whether_the_write_may_have_landed(error: kerrors.ApiError, ambiguous: bool) -> None:
+    b = _kube_binder(_Api(error=error))
+    calls = {
+        "annotate": b.annotate("default", "p", "uid-p", {keys.BIND_PHASE: "allocating"}),
+        "bind": b.bind("default", "p", "uid-p", "n1"),
+        "unlock": b.unlock_node("n1", "default", "p"),
+    }
+    for op, call in calls.items():
+        with pytest.raises(binders.BindFailure) as err:
+            asyncio.run(call)
+        assert err.value.operation == op
+        assert err.value.ambiguous is ambiguous, op

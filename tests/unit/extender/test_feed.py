@@ -1,14 +1,20 @@
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import time
+from typing import Any, cast
 
+import msgspec
 import pytest
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, registrations
+from gpuslice.extender import binder as binders
 from gpuslice.extender import config, feed, logs, metrics
+from gpuslice.kube import client as kclient
+from gpuslice.kube import errors as kerrors
 from gpuslice.kube import informer, objects
-from gpuslice.model import devices
+from gpuslice.model import allocations, devices
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +121,86 @@ def test_quotas_merge_per_namespace_smallest_limit_wins() -> None:
     assert view is not None and (view.memory_limit, view.count_limit) == (20000, None)
     f.sync.quotas.handler(informer.Event(DELETED, quota("a", {})))
     assert cache.snapshot().quota("team") is None
+
+
+# ----------------------------------------------------------------------------- the truth check
+
+
+class _PodList:
+    """A kube client whose only answer is the node's claimed pods (or ``error``)."""
+
+    def __init__(self, items: list[objects.Pod], error: Exception | None = None) -> None:
+        self.items = items
+        self.error = error
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> kclient.Response:
+        self.calls.append((method, path, kwargs))
+        if self.error is not None:
+            raise self.error
+        body = {"metadata": {"resourceVersion": "400"}, "items": [msgspec.to_builtins(p) for p in self.items]}
+        return kclient.Response(200, msgspec.json.encode(body))
+
+
+def _claiming(name: str, devices_: str, node: str = "n", bound: bool = True) -> objects.Pod:
+    ann = {keys.VGPU_NODE: node, keys.DEVICES_ALLOCATED: devices_}
+    pod = _pod(name, node=node if bound else "", annotations=ann)
+    return msgspec.structs.replace(
+        pod, metadata=msgspec.structs.replace(pod.metadata, labels={keys.VGPU_NODE: node})
+    )
+
+
+def _truth_feed(api: _PodList) -> tuple[feed.Feed, caches.ClusterCache, metrics.Metrics]:
+    cache = caches.ClusterCache()
+    m = metrics.Metrics()
+    f = feed.Feed(cast(kclient.KubeClient, api), cache, config.Settings(), logs.Log(0), m)
+    f.sync.nodes.handler(informer.Event(ADDED, _node("n", {keys.NODE_REGISTER: _registration()})))
+    return f, cache, m
+
+
+def _reads(m: metrics.Metrics, source: str) -> float:
+    return m.registry.get_sample_value("gpuslice_bind_truth_reads_total", {"source": source}) or 0.0
+
+
+def test_settle_trusts_a_pod_watch_that_passed_the_lock_write() -> None:
+    api = _PodList([_claiming("x", "GPU-0,NVIDIA,1000,0:;")])
+    f, cache, m = _truth_feed(api)
+    f.sync.pods.resource_version = "450"  # the watch has applied every write up to 450
+    asyncio.run(f.settle("n", "400"))
+    assert api.calls == []  # nothing to read: the cache is current
+    assert cache.pod_state("ns/x") is None
+    assert (_reads(m, "watch"), _reads(m, "api")) == (1, 0)
+
+
+def test_settle_reads_the_nodes_claims_when_the_watch_lags() -> None:
+    bound = _claiming("x", "GPU-0,NVIDIA,30000,10:;")
+    unbound = _claiming("y", "GPU-1,NVIDIA,2000,0:;", bound=False)  # between annotation and Binding
+    mine = _claiming("p", "GPU-1,NVIDIA,9999,0:;", bound=False)  # a bind of this process
+    api = _PodList([bound, unbound, mine])
+    f, cache, m = _truth_feed(api)
+    ours = allocations.PodAllocation(node="n", containers=((allocations.DeviceGrant("GPU-1", 4000, 0),),))
+    assert cache.assume("ns/p", "u-p", ours, 0.0).ok
+    f.sync.pods.resource_version = "300"
+    t0 = time.monotonic()
+    asyncio.run(f.settle("n", "400"))
+    assert time.monotonic() - t0 >= feed.TRUTH_WAIT_S  # waited for the watch first
+    ((method, path, kwargs),) = api.calls
+    assert (method, path, kwargs["params"]) == (
+        "GET",
+        "/api/v1/pods",
+        {"labelSelector": f"{keys.VGPU_NODE}=n"},
+    )
+    assert cache.pod_state("ns/x") is caches.PodState.ADDED
+    assert cache.pod_state("ns/y") is caches.PodState.ADDED
+    # The assumed pod keeps its reservation: the bind settles it itself.
+    assert cache.pod_state("ns/p") is caches.PodState.ASSUMED and cache.pod_allocation("ns/p") == ours
+    usage = cache.snapshot().nodes["n"].usage
+    assert [(u.slots, u.memory_mib, u.cores) for u in usage] == [(1, 30000, 10), (2, 6000, 0)]
+    assert (_reads(m, "watch"), _reads(m, "api")) == (0, 1)
+
+
+def test_settle_fails_the_bind_when_the_api_cannot_be_read() -> None:
+    f, _, _ = _truth_feed(_PodList([], error=kerrors.ApiUnavailable("connection refused")))
+    with pytest.raises(binders.BindFailure) as err:
+        asyncio.run(f.settle("n", "400"))
+    assert err.value.operation == "read" and "connection refused" in str(err.value)
