@@ -7,7 +7,7 @@ change in this one module.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpuslice.model import allocations, nodes, status
 from gpuslice.policy import columns as policy_columns
@@ -50,24 +50,28 @@ class Cache(Protocol):
         """An immutable view of nodes, usage, quotas and the recent-request histogram."""
         ...
 
-    def assume(self, key: str, uid: str, allocation: allocations.PodAllocation, now: float) -> Any:
-        """Reserve an allocation for a pod before its binding is confirmed."""
+    def assume(
+        self, key: str, uid: str, allocation: allocations.PodAllocation, now: float
+    ) -> status.Status:
+        """Reserve an allocation for a pod before its binding is confirmed (atomically checked)."""
         ...
 
-    def finish_binding(self, key: str, now: float) -> Any:
+    def finish_binding(self, key: str, now: float) -> None:
         """Mark the assumed pod's binding as done (its TTL starts)."""
         ...
 
-    def forget(self, key: str) -> Any:
-        """Drop an assumption (bind failed)."""
+    def forget(self, key: str) -> bool:
+        """Drop an assumption (bind failed); False when the pod was not assumed."""
+        ...
+
+    def observe_request(self, shape: registry.Shape) -> None:
+        """Record a requested pod shape for the target-workload histogram."""
         ...
 
 
 def observe(cache: Cache, shape: registry.Shape) -> None:
-    """Feed the cache's recent-request histogram, when it keeps one."""
-    observe_request = getattr(cache, "observe_request", None)
-    if observe_request is not None:
-        observe_request(shape)
+    """Feed the cache's recent-request histogram (FGD's target workload)."""
+    cache.observe_request(shape)
 
 
 def node_state(snap: Snapshot, name: str) -> nodes.NodeState | None:
