@@ -5,6 +5,11 @@ API call; those two are served on plain ASGI (``_Fast``), the rest through Starl
 input (bad JSON, wrong types, oversized bodies) is a 4xx with a plain message;
 scheduling failures go in the response body (``FailedNodes``, ``Error``), never as a 5xx. The
 lifespan enters the injected background services (informers, event worker) and stops them.
+
+Every body is checked before any decoder sees it: larger than ``body_limit_bytes`` is a 413, nested
+deeper than ``max_json_depth`` a 400 (``jsondepth``; msgspec recurses once per level, also over
+unknown fields and ``msgspec.Raw``, and would raise ``RecursionError`` on deep input). A
+``RecursionError`` from any handler is still answered 400, as a second line of defence.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import msgspec
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -28,7 +33,8 @@ from starlette.types import Receive, Scope, Send
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import resources
 from gpuslice.extender import bind as binds
-from gpuslice.extender import config, logs, memo, metrics, preempt, scheduling, view, wire
+from gpuslice.extender import config, jsondepth, logs, memo, metrics, preempt, scheduling, view, wire
+from gpuslice.kube import objects
 from gpuslice.model import requests, status
 from gpuslice.policy import registry
 
@@ -81,12 +87,22 @@ async def _body(request: Request, limit: int) -> bytes:
         raise BadRequest(f"request body larger than {limit} bytes", 413)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BadRequest(f"request body larger than {limit} bytes", 413)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BadRequest(f"request body larger than {limit} bytes", 413)
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone, or cut off by the body timeout (extender.httpserver)
+        raise BadRequest("client disconnected") from None
     return b"".join(chunks)
+
+
+def _bad(err: BadRequest | RecursionError) -> BadRequest:
+    """``err`` as a BadRequest: a RecursionError (input nested past a decoder's reach) is a 400."""
+    if isinstance(err, BadRequest):
+        return err
+    return BadRequest("request nested too deeply to decode")
 
 
 def _decode(decoder: msgspec.json.Decoder[T], data: bytes) -> T:
@@ -105,7 +121,9 @@ class _Requests:
 
     Any change to a pod (annotations included) bumps its resourceVersion, so a hit is exact. Pods
     of one workload share their spec, so the parse is also kept by the decoded parts it reads
-    (containers, init containers, annotations) and only the identity is filled in per pod.
+    (containers, init containers, and the annotations in ``objects.POD_ANNOTATIONS``: a large
+    unrelated annotation is neither encoded into the key nor kept in the memo) and only the
+    identity is filled in per pod.
     """
 
     def __init__(self, config_: config.Settings) -> None:
@@ -127,10 +145,14 @@ class _Requests:
         hit = self.cached(meta.uid, meta.resource_version)
         if hit is not None:
             return hit
-        spec_key = wire.ENCODER.encode((pod.spec.containers, pod.spec.init_containers, meta.annotations))
+        annotations = objects.gpu_annotations(meta.annotations)
+        spec_key = wire.ENCODER.encode((pod.spec.containers, pod.spec.init_containers, annotations))
         template: requests.PodRequest | str | None = self._by_spec.get(spec_key)
         parsed: requests.PodRequest | str
         if template is None:
+            if meta.annotations and len(annotations) != len(meta.annotations):
+                trimmed = msgspec.structs.replace(meta, annotations=annotations)
+                pod = msgspec.structs.replace(pod, metadata=trimmed)
             try:
                 parsed = resources.parse_pod(pod.to_dict(), self._config)
             except codec_errors.DecodeError as err:
@@ -246,6 +268,8 @@ class _LazyChildren:
 def create_app(deps: Deps) -> _Fast:
     """Build the app around ``deps`` (see the module docstring)."""
     limit = deps.settings.body_limit_bytes
+    depth = deps.settings.max_json_depth
+    too_deep = f"JSON nested deeper than {depth} levels"
     m = deps.metrics
     log = deps.log
     score_memo = memo.Memo(1024)  # uid -> scheduling.Filtered, for prioritize
@@ -264,8 +288,11 @@ def create_app(deps: Deps) -> _Fast:
         async def run(body: bytes) -> tuple[int, bytes, bytes]:
             start = time.perf_counter()
             try:
+                if jsondepth.too_deep(body, depth):
+                    raise BadRequest(too_deep)
                 answer: tuple[int, bytes, bytes] = (200, _JSON, await handle(body))
-            except BadRequest as err:
+            except (BadRequest, RecursionError) as caught:
+                err = _bad(caught)
                 log.v(2, "bad request", verb=verb, status=err.status_code, err=str(err))
                 answer = (err.status_code, _TEXT, str(err).encode())
             latency.observe(time.perf_counter() - start)
@@ -286,9 +313,12 @@ def create_app(deps: Deps) -> _Fast:
         async def run(request: Request) -> Response:
             start = time.perf_counter()
             try:
-                body = await handle(await _body(request, limit))
-                response: Response = Response(body, media_type=JSON)
-            except BadRequest as err:
+                data = await _body(request, limit)
+                if jsondepth.too_deep(data, depth):
+                    raise BadRequest(too_deep)
+                response: Response = Response(await handle(data), media_type=JSON)
+            except (BadRequest, RecursionError) as caught:
+                err = _bad(caught)
                 log.v(2, "bad request", verb=verb, status=err.status_code, err=str(err))
                 response = PlainTextResponse(str(err), status_code=err.status_code)
             latency.observe(time.perf_counter() - start)

@@ -23,6 +23,7 @@ from gpuslice.extender import app as apps
 from gpuslice.extender import bind as binds
 from gpuslice.extender import binder as binders
 from gpuslice.extender import config, failpoints, feed, leader, logs, metrics, recovery, scheduling, view
+from gpuslice.extender import httpserver as httpservers
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events as kevents
 from gpuslice.kube import lease
@@ -170,6 +171,9 @@ def main(args: argparse.Namespace) -> int:
         access_log=False,
         lifespan="on",
         loop="uvloop",  # both pinned in requirements.lock; explicit so a missing one fails loudly
-        http="httptools",
+        # httptools with header and body deadlines: uvicorn has neither (see extender.httpserver).
+        http=httpservers.protocol_class(settings.header_timeout_s, settings.body_timeout_s),
+        timeout_keep_alive=max(1, round(settings.idle_timeout_s)),  # uvicorn takes whole seconds
+        limit_concurrency=settings.max_connections,  # connections beyond it are answered 503
     )
     return 0

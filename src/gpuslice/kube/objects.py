@@ -2,13 +2,32 @@
 
 Decoding a Pod into these takes a few microseconds (unknown fields are skipped, never rejected:
 Kubernetes adds fields). Field names are the API's camelCase (``rename="camel"``).
+
+Annotations are a free-form map, so they are decoded whole; a pod may carry up to 256 KB of them
+(``kubectl.kubernetes.io/last-applied-configuration`` alone can be that large). Pods kept for long
+(the informer's store) go through ``trim_pod``, which keeps only ``POD_ANNOTATIONS``: the keys of
+``gpuslice.codec.keys`` (HAMi's ``hami.io/`` and ``nvidia.com/`` names and gpuslice's own), the
+only pod annotations gpuslice reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Generic, TypeVar
 
 import msgspec
+
+from gpuslice.codec import keys
+
+ANNOTATION_PREFIXES = ("hami.io/", "nvidia.com/", "gpuslice.io/")
+"""Prefixes of the annotation keys gpuslice reads or writes."""
+POD_ANNOTATIONS: frozenset[str] = frozenset(
+    value
+    for name, value in vars(keys).items()
+    if name.isupper() and isinstance(value, str) and value.startswith(ANNOTATION_PREFIXES)
+)
+"""Every annotation key defined in ``gpuslice.codec.keys``: the pod annotations gpuslice reads
+(the node keys among them cost nothing on a pod)."""
 
 
 class OwnerReference(msgspec.Struct, rename="camel", frozen=True):
@@ -154,6 +173,25 @@ class WatchEvent(msgspec.Struct, frozen=True):
 def object_key(meta: ObjectMeta) -> str:
     """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
     return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
+
+
+def gpu_annotations(annotations: Mapping[str, str] | None) -> dict[str, str]:
+    """The entries of ``annotations`` whose key is in ``POD_ANNOTATIONS``."""
+    if not annotations:
+        return {}
+    return {k: v for k, v in annotations.items() if k in POD_ANNOTATIONS}
+
+
+def trim_pod(pod: Pod) -> Pod:
+    """The pod with only the annotations gpuslice reads (``POD_ANNOTATIONS``).
+
+    Returns the same object when it has no other annotation.
+    """
+    annotations = pod.metadata.annotations
+    if annotations.keys() <= POD_ANNOTATIONS:
+        return pod
+    meta = msgspec.structs.replace(pod.metadata, annotations=gpu_annotations(annotations))
+    return msgspec.structs.replace(pod, metadata=meta)
 
 
 _POD = msgspec.json.Decoder(Pod)

@@ -83,7 +83,9 @@ def evaluate(
     names = tuple(names)
     n = len(names)
     req = None
-    if cols is not None and cols.hot.shape[1] <= vectorfit.MAX_CARDS:
+    # No registered node at all (an extender that started before any GPU node registered): the
+    # loop below names every node unregistered; the columns have no row to index.
+    if cols is not None and cols.hot.shape[0] > 0 and cols.hot.shape[1] <= vectorfit.MAX_CARDS:
         req = vectorfit.request_of(pod, quota)
     failures: dict[str, tuple[status.Status, fit.CardReasons]] = {}
     scores = np.full(n, -1, np.int64)

@@ -614,3 +614,16 @@ def test_pods_sharing_a_spec_get_their_own_identity_from_the_spec_memo() -> None
     bad_twin["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "lots"
     first, second = parsed.parse(decode(json.dumps(bad))), parsed.parse(decode(json.dumps(bad_twin)))
     assert isinstance(first, str) and first == second
+
+
+def test_filter_before_any_gpu_node_registered_names_every_node_unregistered() -> None:
+    # An extender that starts before any GPU node registered must answer, not crash (a 500 before).
+    deps = fakes.make_deps(fakes.cluster_cache())
+    with TestClient(apps.create_app(deps)) as client:
+        resp = client.post("/filter", json={"Pod": fakes.gpu_pod("p", mem=1000), "NodeNames": ["x", "y"]})
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["NodeNames"] == [] and body["FailedAndUnresolvableNodes"] == {
+        "x": "NodeUnregistered",
+        "y": "NodeUnregistered",
+    }
