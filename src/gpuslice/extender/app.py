@@ -1,7 +1,8 @@
 """The extender's HTTP app: ``create_app(deps)`` (ASGI), thin handlers, no globals.
 
-Each handler does decode -> ``cache.snapshot()`` -> policy -> encode. Filter and prioritize make no
-API call; those two are served on plain ASGI (``_Fast``), the rest through Starlette. Malformed
+Each handler (``Handlers``) does decode -> ``cache.snapshot()`` -> policy -> encode. Filter and
+prioritize make no API call. Every POST verb is served on plain ASGI (``_Fast``); Starlette serves
+the GET routes (health, readiness, metrics) and runs the lifespan. Malformed
 input (bad JSON, wrong types, oversized bodies) is a 4xx with a plain message;
 scheduling failures go in the response body (``FailedNodes``, ``Error``), never as a 5xx. The
 lifespan enters the injected background services (informers, event worker) and stops them.
@@ -25,7 +26,7 @@ import msgspec
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -79,23 +80,6 @@ class State(TypedDict):
     """The lifespan state handed to requests (``request.state.deps``)."""
 
     deps: Deps
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BadRequest(f"request body larger than {limit} bytes", 413)
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise BadRequest(f"request body larger than {limit} bytes", 413)
-            chunks.append(chunk)
-    except ClientDisconnect:  # gone, or cut off by the body timeout (extender.httpserver)
-        raise BadRequest("client disconnected") from None
-    return b"".join(chunks)
 
 
 def _bad(err: BadRequest | RecursionError) -> BadRequest:
@@ -195,11 +179,13 @@ class _Shapes:
 
 
 class _Fast:
-    """The app: ``filter`` and ``prioritize`` straight on ASGI, everything else through Starlette.
+    """The app: every POST verb straight on ASGI, the GET routes and the lifespan through Starlette.
 
     kube-scheduler calls filter and prioritize once each per pod, serially; skipping Starlette's
-    middleware, routing and Request/Response objects there saves a good part of the per-request
-    cost. The answers are the same (status, content type, body); so are the 4xx for bad input.
+    middleware, routing and Request/Response objects saves a good part of the per-request cost.
+    While this replica is not ready (caches not synced, or a follower in ``lease`` mode), answers
+    carry ``Connection: close``: a Service only sends *new* connections to ready replicas, so a
+    kube-scheduler keep-alive connection to a deposed leader must not outlive the answer.
     """
 
     def __init__(
@@ -207,10 +193,12 @@ class _Fast:
         inner: Starlette,
         routes: Mapping[str, Callable[[bytes], Awaitable[tuple[int, bytes, bytes]]]],
         limit: int,
+        ready: Callable[[], bool],
     ) -> None:
         self.inner = inner
         self._routes = routes
         self._limit = limit
+        self._ready = ready
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI connection scope."""
@@ -225,6 +213,8 @@ class _Fast:
         else:
             status_code, content_type, out = await route(body)
         headers = [(b"content-type", content_type), (b"content-length", str(len(out)).encode())]
+        if not self._ready():
+            headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status_code, "headers": headers})
         await send({"type": "http.response.body", "body": out})
 
@@ -250,6 +240,9 @@ class _Fast:
 _TEXT = b"text/plain; charset=utf-8"
 _JSON = JSON.encode()
 
+Verb = Callable[[bytes], Awaitable[bytes]]
+Endpoint = Callable[[bytes], Awaitable[tuple[int, bytes, bytes]]]
+
 
 class _LazyChildren:
     """A counter's children for the labels ``"0"``..``"10"``, resolved on first use."""
@@ -265,90 +258,69 @@ class _LazyChildren:
         return child
 
 
-def create_app(deps: Deps) -> _Fast:
-    """Build the app around ``deps`` (see the module docstring)."""
-    limit = deps.settings.body_limit_bytes
-    depth = deps.settings.max_json_depth
-    too_deep = f"JSON nested deeper than {depth} levels"
-    m = deps.metrics
-    log = deps.log
-    score_memo = memo.Memo(1024)  # uid -> scheduling.Filtered, for prioritize
-    workload = _Shapes(deps.cache)
-    parsed = _Requests(deps.settings)
-    seen = memo.Memo(20_000)  # pods already counted in the workload histogram
-    reason_counts: dict[str, Counter] = {}  # metric children resolved once per label value
-    score_counts = _LazyChildren(m.scores)
+class Handlers:
+    """The verbs: each takes the request body and returns the answer's bytes (or raises BadRequest).
 
-    def raw_endpoint(
-        verb: str, handle: Callable[[bytes], Awaitable[bytes]]
-    ) -> Callable[[bytes], Awaitable[tuple[int, bytes, bytes]]]:
-        latency = m.latency.labels(verb)
+    Args:
+        deps: everything the handlers need.
+    """
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+        self.m = deps.metrics
+        self.log = deps.log
+        self._depth = deps.settings.max_json_depth
+        self._too_deep = f"JSON nested deeper than {self._depth} levels"
+        self._score_memo = memo.Memo(1024)  # uid -> scheduling.Filtered, for prioritize
+        self._workload = _Shapes(deps.cache)
+        self._parsed = _Requests(deps.settings)
+        self._seen = memo.Memo(20_000)  # pods already counted in the workload histogram
+        self._reason_counts: dict[str, Counter] = {}  # metric children resolved once per label value
+        self._score_counts = _LazyChildren(self.m.scores)
+
+    def endpoint(self, verb: str, handle: Verb) -> Endpoint:
+        """``handle`` with the depth check, 4xx answers for bad input, latency and status metrics."""
+        latency = self.m.latency.labels(verb)
         counts: dict[int, Counter] = {}  # status code -> counter child, resolved once
 
         async def run(body: bytes) -> tuple[int, bytes, bytes]:
             start = time.perf_counter()
             try:
-                if jsondepth.too_deep(body, depth):
-                    raise BadRequest(too_deep)
+                if jsondepth.too_deep(body, self._depth):
+                    raise BadRequest(self._too_deep)
                 answer: tuple[int, bytes, bytes] = (200, _JSON, await handle(body))
             except (BadRequest, RecursionError) as caught:
                 err = _bad(caught)
-                log.v(2, "bad request", verb=verb, status=err.status_code, err=str(err))
+                self.log.v(2, "bad request", verb=verb, status=err.status_code, err=str(err))
                 answer = (err.status_code, _TEXT, str(err).encode())
             latency.observe(time.perf_counter() - start)
             child = counts.get(answer[0])
             if child is None:
-                child = counts[answer[0]] = m.requests.labels(verb, str(answer[0]))
+                child = counts[answer[0]] = self.m.requests.labels(verb, str(answer[0]))
             child.inc()
             return answer
 
         return run
 
-    def endpoint(
-        verb: str, handle: Callable[[bytes], Awaitable[bytes]]
-    ) -> Callable[[Request], Awaitable[Response]]:
-        latency = m.latency.labels(verb)
-        counts: dict[int, Counter] = {}  # status code -> counter child, resolved once
-
-        async def run(request: Request) -> Response:
-            start = time.perf_counter()
-            try:
-                data = await _body(request, limit)
-                if jsondepth.too_deep(data, depth):
-                    raise BadRequest(too_deep)
-                response: Response = Response(await handle(data), media_type=JSON)
-            except (BadRequest, RecursionError) as caught:
-                err = _bad(caught)
-                log.v(2, "bad request", verb=verb, status=err.status_code, err=str(err))
-                response = PlainTextResponse(str(err), status_code=err.status_code)
-            latency.observe(time.perf_counter() - start)
-            code = response.status_code
-            child = counts.get(code)
-            if child is None:
-                child = counts[code] = m.requests.labels(verb, str(code))
-            child.inc()
-            return response
-
-        return run
-
-    async def wait_synced() -> bool:
+    async def _wait_synced(self) -> bool:
         """Wait (at most ``sync_wait_s``) until the caches are synced; never decide from a partial one."""
-        deadline = time.monotonic() + deps.settings.sync_wait_s
-        while not deps.synced():
+        deadline = time.monotonic() + self.deps.settings.sync_wait_s
+        while not self.deps.synced():
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.05)
         return True
 
-    async def filter_(data: bytes) -> bytes:
+    async def filter(self, data: bytes) -> bytes:
+        """``/filter``: feasible nodes, and a reason code for every other one."""
+        deps = self.deps
         args = _decode(wire.FILTER_DECODER, data)
         names = args.node_names or []
-        if not deps.synced() and not await wait_synced():
-            m.not_synced.labels("filter").inc()
+        if not deps.synced() and not await self._wait_synced():
+            self.m.not_synced.labels("filter").inc()
             return wire.ENCODER.encode(wire.ExtenderFilterResult([], {}, {}, NOT_SYNCED))
-        pod = parsed.parse(args.pod)
+        pod = self._parsed.parse(args.pod)
         meta = args.pod.metadata
-        feasible_json: bytes | None = None
         if isinstance(pod, str):
             outcome = scheduling.reject_all(names, status.INVALID_REQUEST)
             deps.events.record(
@@ -360,41 +332,36 @@ def create_app(deps: Deps) -> _Fast:
                 "Filter",
                 f"invalid request: {pod}",
             )
-        else:
-            workload.flush()
-            snap = deps.cache.snapshot()
-            if pod.wants_gpu and pod.uid not in seen:
-                seen.put(pod.uid, True)
-                workload.add(scheduling.shape(snap, pod, names))
-            outcome = scheduling.filter_nodes(
-                snap, pod, names, deps.policies, log, deps.invalid_nodes, deps.excluded
-            )
-            deps.flow.remember(pod)
-            feasible_json = wire.ENCODER.encode(outcome.feasible)
-            if pod.uid and outcome.scores is not None and outcome.feasible:
-                filtered = scheduling.Filtered(
-                    meta.resource_version, snap.nodes, outcome.feasible, outcome.scores, feasible_json
-                )
-                score_memo.put(pod.uid, filtered)
-            summary = "Filter: " + scheduling.summary(outcome)
-            deps.flow.mark_unschedulable(pod.uid, pod.wants_gpu and not outcome.feasible)
-            if outcome.feasible:
-                # Reported with the bind event (one API write per scheduled pod, not two).
-                deps.flow.remember_filter(pod.uid, summary)
-            else:
-                deps.events.record(
-                    meta.namespace, meta.name, meta.uid, "Warning", "FilteringFailed", "Filter", summary
-                )
-        for reason, n in outcome.reasons.items():  # a few reason codes, not one per node
-            reason_child = reason_counts.get(reason)
-            if reason_child is None:
-                reason_child = reason_counts[reason] = m.filter_nodes.labels(reason)
-            reason_child.inc(n)
-        if log.enabled(2):
-            log.v(2, "filter", pod=args.pod.key, summary=scheduling.summary(outcome))
-        if feasible_json is None:
+            self._count(outcome)
             result = wire.ExtenderFilterResult(outcome.feasible, outcome.failed, outcome.unresolvable)
             return wire.ENCODER.encode(result)
+        self._workload.flush()
+        snap = deps.cache.snapshot()
+        if pod.wants_gpu and pod.uid not in self._seen:
+            self._seen.put(pod.uid, True)
+            self._workload.add(scheduling.shape(snap, pod, names))
+        outcome = scheduling.filter_nodes(
+            snap, pod, names, deps.policies, self.log, deps.invalid_nodes, deps.excluded
+        )
+        deps.flow.remember(pod)
+        feasible_json = wire.ENCODER.encode(outcome.feasible)
+        if pod.uid and outcome.scores is not None and outcome.feasible:
+            filtered = scheduling.Filtered(
+                meta.resource_version, snap.nodes, outcome.feasible, outcome.scores, feasible_json
+            )
+            self._score_memo.put(pod.uid, filtered)
+        summary = "Filter: " + scheduling.summary(outcome)
+        deps.flow.mark_unschedulable(pod.uid, pod.wants_gpu and not outcome.feasible)
+        if outcome.feasible:
+            # Reported with the bind event (one API write per scheduled pod, not two).
+            deps.flow.remember_filter(pod.uid, summary)
+        else:
+            deps.events.record(
+                meta.namespace, meta.name, meta.uid, "Warning", "FilteringFailed", "Filter", summary
+            )
+        self._count(outcome)
+        if self.log.enabled(2):
+            self.log.v(2, "filter", pod=args.pod.key, summary=scheduling.summary(outcome))
         # ExtenderFilterResult's bytes, reusing the names array encoded for the prioritize memo.
         return b"".join(
             (
@@ -408,19 +375,30 @@ def create_app(deps: Deps) -> _Fast:
             )
         )
 
-    async def prioritize(data: bytes) -> bytes:
-        # After a filter of the same pod version, only its key is decoded and the raw NodeNames are
-        # compared with the filter's answer; no Pod and no name string is built.
+    def _count(self, outcome: scheduling.FilterOutcome) -> None:
+        for reason, n in outcome.reasons.items():  # a few reason codes, not one per node
+            child = self._reason_counts.get(reason)
+            if child is None:
+                child = self._reason_counts[reason] = self.m.filter_nodes.labels(reason)
+            child.inc(n)
+
+    async def prioritize(self, data: bytes) -> bytes:
+        """``/prioritize``: a 0..10 score per node.
+
+        After a filter of the same pod version, only the pod's key is decoded and the raw
+        NodeNames are compared with the filter's answer; no Pod and no name string is built.
+        """
+        deps = self.deps
         key = _decode(wire.PRIORITIZE_KEY_DECODER, data)
-        if not deps.synced() and not await wait_synced():
+        if not deps.synced() and not await self._wait_synced():
             # kube-scheduler ignores a failed prioritize (no score from us); the filter gate
             # already refused to place anything from a partial cache.
-            m.not_synced.labels("prioritize").inc()
+            self.m.not_synced.labels("prioritize").inc()
             raise BadRequest(NOT_SYNCED, 503)
         uid, version = key.pod.metadata.uid, key.pod.metadata.resource_version
         raw_names = bytes(key.node_names)
-        filtered: scheduling.Filtered | None = score_memo.pop(uid, None) if uid else None
-        pod = parsed.cached(uid, version) if filtered and filtered.resource_version == version else None
+        filtered: scheduling.Filtered | None = self._score_memo.pop(uid, None) if uid else None
+        pod = self._parsed.cached(uid, version) if filtered and filtered.resource_version == version else None
         if pod is not None and filtered is not None and raw_names == filtered.names_json:
             names: list[str] = filtered.names
         elif pod is not None:
@@ -430,15 +408,15 @@ def create_app(deps: Deps) -> _Fast:
             filtered = None
             args = _decode(wire.PRIORITIZE_DECODER, data)
             names = args.node_names or []
-            pod = parsed.parse(args.pod)
+            pod = self._parsed.parse(args.pod)
         if isinstance(pod, str):
             scores = np.zeros(len(names), np.int64)
         else:
             snap = deps.cache.snapshot()
             if filtered is None:
-                scores = scheduling.score_nodes(snap, pod, names, deps.policies, log)
+                scores = scheduling.score_nodes(snap, pod, names, deps.policies, self.log)
             else:
-                scores = scheduling.rescore(snap, pod, names, deps.policies, log, filtered)
+                scores = scheduling.rescore(snap, pod, names, deps.policies, self.log, filtered)
             deps.flow.remember_scores(pod.uid, names, scores)
             scores = scheduling.candidate_step(deps.policies.node(pod), scores, scheduling.context(snap))
         wire_scores = wire.extender_scores(scores)
@@ -446,40 +424,50 @@ def create_app(deps: Deps) -> _Fast:
             np.bincount(wire_scores, minlength=wire.MAX_EXTENDER_PRIORITY + 1).tolist()
         ):
             if n:
-                score_counts[value].inc(n)
+                self._score_counts[value].inc(n)
         if filtered is not None and names is filtered.names and wire.plain_names(raw_names):
             return wire.encode_priorities_raw(raw_names, wire_scores)
         return wire.encode_priorities(names, wire_scores)
 
-    async def bind(data: bytes) -> bytes:
+    async def bind(self, data: bytes) -> bytes:
+        """``/bind``: see ``extender.bind``; the outcome's error text is the wire ``Error``."""
         args = _decode(wire.BIND_DECODER, data)
         if not args.pod_name or not args.node:
             raise BadRequest("invalid request: PodName and Node are required")
-        outcome = await deps.flow.bind(args)
+        outcome = await self.deps.flow.bind(args)
         return wire.ENCODER.encode(wire.ExtenderBindingResult(error=outcome.error))
 
-    async def preempt_(data: bytes) -> bytes:
+    async def preempt(self, data: bytes) -> bytes:
+        """``/preempt``: narrow kube-scheduler's candidates to nodes where eviction frees cards."""
         args = _decode(wire.PREEMPT_DECODER, data)
-        pod = parsed.parse(args.pod)
+        pod = self._parsed.parse(args.pod)
         victims = args.node_name_to_meta_victims or {}
         if isinstance(pod, str):
             kept = preempt.keep_nonempty(victims)
         else:
-            kept = preempt.narrow(deps.cache.snapshot(), pod, victims, deps.policies)
+            kept = preempt.narrow(self.deps.cache.snapshot(), pod, victims, self.deps.policies)
         return wire.ENCODER.encode(wire.ExtenderPreemptionResult(kept))
 
-    async def healthz(request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
+        """Liveness."""
         return PlainTextResponse("ok")
 
-    async def readyz(request: Request) -> Response:
-        synced = deps.synced()
-        ok = synced and deps.ready()
-        m.cache_synced.set(1 if synced else 0)
+    async def readyz(self, request: Request) -> Response:
+        """Readiness: synced, and (``lease`` mode) leading."""
+        synced = self.deps.synced()
+        ok = synced and self.deps.ready()
+        self.m.cache_synced.set(1 if synced else 0)
         text = "ok" if ok else ("not leader" if synced else "cache not synced")
         return PlainTextResponse(text, status_code=200 if ok else 503)
 
-    async def metrics_(request: Request) -> Response:
-        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus metrics."""
+        return Response(generate_latest(self.m.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app(deps: Deps) -> _Fast:
+    """Build the app around ``deps`` (see the module docstring)."""
+    h = Handlers(deps)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
@@ -489,18 +477,23 @@ def create_app(deps: Deps) -> _Fast:
             yield State(deps=deps)
 
     routes = [
-        Route("/filter", endpoint("filter", filter_), methods=["POST"]),
-        Route("/prioritize", endpoint("prioritize", prioritize), methods=["POST"]),
-        Route("/score", endpoint("prioritize", prioritize), methods=["POST"]),
-        Route("/bind", endpoint("bind", bind), methods=["POST"]),
-        Route("/preempt", endpoint("preempt", preempt_), methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics_, methods=["GET"]),
+        Route("/healthz", h.healthz, methods=["GET"]),
+        Route("/readyz", h.readyz, methods=["GET"]),
+        Route("/metrics", h.metrics, methods=["GET"]),
     ]
-    fast = {
-        "/filter": raw_endpoint("filter", filter_),
-        "/prioritize": raw_endpoint("prioritize", prioritize),
-        "/score": raw_endpoint("prioritize", prioritize),
+    prioritize = h.endpoint("prioritize", h.prioritize)
+    verbs = {
+        "/filter": h.endpoint("filter", h.filter),
+        "/prioritize": prioritize,
+        "/score": prioritize,
+        "/bind": h.endpoint("bind", h.bind),
+        "/preempt": h.endpoint("preempt", h.preempt),
     }
-    return _Fast(Starlette(routes=routes, lifespan=lifespan), fast, limit)
+    ready = deps.ready
+
+    def serving_calls() -> bool:
+        return deps.synced() and ready()
+
+    return _Fast(
+        Starlette(routes=routes, lifespan=lifespan), verbs, deps.settings.body_limit_bytes, serving_calls
+    )

@@ -627,3 +627,18 @@ def test_filter_before_any_gpu_node_registered_names_every_node_unregistered() -
         "x": "NodeUnregistered",
         "y": "NodeUnregistered",
     }
+
+
+@pytest.mark.parametrize(("ready", "closes"), [(True, False), (False, True)])
+def test_a_follower_closes_keep_alive_connections(ready: bool, closes: bool) -> None:
+    # A Service sends only new connections to the leader: a deposed leader must not keep
+    # kube-scheduler's keep-alive connection (every verb's answer then says Connection: close).
+    deps = fakes.make_deps(fakes.cluster_cache(), ready=ready, leading=lambda: ready)
+    with TestClient(apps.create_app(deps)) as client:
+        for path, body in (
+            ("/filter", {"Pod": fakes.gpu_pod("p", mem=1000), "NodeNames": []}),
+            ("/bind", {"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": "n1"}),
+        ):
+            resp = client.post(path, json=body)
+            assert resp.status_code == 200, path
+            assert (resp.headers.get("connection") == "close") is closes, path
