@@ -124,7 +124,36 @@ async def test_recorder_folds_repeats_into_a_series(
     assert failed["series"]["count"] == 3
     assert failed["regarding"]["uid"] == uid and failed["reportingController"] == events.CONTROLLER
     assert len(allocated["note"]) == 1024 and "series" not in allocated
-    assert (rec.created, rec.updated, rec.failed) == (2, 2, 0)
+    # The three repeats were folded while queued: one create carrying the series, no update.
+    assert (rec.created, rec.updated, rec.failed) == (2, 0, 0)
+    # A repeat after the Event exists updates its series.
+    async with events.Recorder(kube, instance="it-replica-0") as rec2:
+        rec2.record(namespace, "p", uid, "Warning", "FilterFailed", "Scheduling", "no card fits")
+        await rec2.flush()
+        rec2.record(namespace, "p", uid, "Warning", "FilterFailed", "Scheduling", "no card fits")
+        await rec2.flush()
+    assert (rec2.created, rec2.updated) == (1, 1)
+
+
+async def test_recorder_sends_warnings_before_a_backlog_of_normal_events(
+    control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str
+) -> None:
+    uid = h.create_pod(control_plane, namespace, "p")["metadata"]["uid"]
+    rec = events.Recorder(kube, instance="it-replica-0", qps=1000, burst=1000)
+    for i in range(50):
+        rec.record(namespace, "p", uid, "Normal", "Routine", "Scheduling", f"routine {i}")
+    rec.record(namespace, "p", uid, "Warning", "AllocateTimeout", "Recovering", "lock released")
+    sent: list[str] = []
+    original = rec.send
+
+    async def spy(p: Any, count: int = 1, last: Any = None) -> None:
+        sent.append(p.reason)
+        await original(p, count, last)
+
+    rec.send = spy  # type: ignore[method-assign]
+    async with rec:
+        await rec.flush()
+    assert sent[0] == "AllocateTimeout" and len(sent) == 51
 
 
 async def test_node_events_live_in_default(

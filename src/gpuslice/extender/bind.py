@@ -341,15 +341,23 @@ class BindFlow:
             if not handed_over:
                 self._live.pop(key, None)
 
+    def _excluded(self, node: str, locked: bool) -> str | None:
+        """Why ``node`` must not get the pod now; once we hold its lock, a held lock is no reason."""
+        reason = self.excluded.get(node)
+        if reason is None or (locked and reason == status.NODE_LOCK_HELD):
+            return None
+        return reason
+
     def _reserve(
-        self, key: str, uid: str, node: str, pod: requests.PodRequest
+        self, key: str, uid: str, node: str, pod: requests.PodRequest, locked: bool = False
     ) -> allocations.PodAllocation | Outcome:
         """Fit on the current snapshot and assume it, with no await in between."""
         card_policy = self.policies.card(pod)
         if card_policy is None:
             return Outcome("rejected", f"{status.INVALID_REQUEST}: unknown card policy {pod.card_policy!r}")
-        if node in self.excluded:
-            return Outcome("rejected", f"node {node}: {self.excluded[node]}")
+        reason = self._excluded(node, locked)
+        if reason is not None:
+            return Outcome("rejected", f"node {node}: {reason}")
         snap = self.cache.snapshot()
         state = view.node_state(snap, node)
         if state is None:
@@ -375,11 +383,15 @@ class BindFlow:
             # The watch took the pod out of the assumed state while we waited: it was deleted,
             # or bound (elsewhere) by someone else. Nothing of ours is left to admit.
             return Outcome("rejected", f"pod {job.key} changed while its bind waited")
+        reason = self._excluded(job.node, locked=True)
+        if reason is not None:
+            # The node died (or stopped answering Allocate) while the bind queued for its lock.
+            return Outcome("rejected", f"node {job.node}: {reason}")
         verdict = self.cache.assume(job.key, job.uid, job.alloc, self.clock())
         if verdict.ok:
             return None
         self.metrics.truth_corrections.inc()
-        placed = self._reserve(job.key, job.uid, job.node, job.pod)
+        placed = self._reserve(job.key, job.uid, job.node, job.pod, locked=True)
         if isinstance(placed, Outcome):
             return placed
         self.log.info(

@@ -38,6 +38,8 @@ from gpuslice.kube import events as kevents
 from gpuslice.kube import informer, objects, pods, sync
 from gpuslice.model import nodes
 
+STALL_COOLOFF_FACTOR = 5.0
+"""A node whose Allocate stalled gets a probe pod again after this many allocate timeouts."""
 TRUTH_WAIT_S = 0.05
 """How long the truth check waits for the pod watch before it reads the node's pods itself."""
 
@@ -98,7 +100,9 @@ class Feed:
             inf.watch_timeout_s = s.watch_timeout_s
         self._restarts = [0] * len(self.informers)
         self.kube = kube
-        self.health = liveness.NodeHealth(s.handshake_timeout_s, s.stuck_lock_s)
+        self.health = liveness.NodeHealth(
+            s.handshake_timeout_s, s.stuck_lock_s, stall_cooloff_s=STALL_COOLOFF_FACTOR * s.allocate_timeout_s
+        )
         self.unbound_claims: dict[str, objects.Pod] = {}
         """Pod key -> pod, for pods with ``hami.io/vgpu-node`` and no ``spec.nodeName``."""
         self.clock: Callable[[], float] = time.time
@@ -159,6 +163,16 @@ class Feed:
     def _on_pod(self, event: informer.Event[objects.Pod]) -> None:
         pod = event.obj
         if pod is not None:
+            ann = pod.metadata.annotations
+            if pod.spec.node_name and ann.get(keys.BIND_PHASE) in (
+                keys.BIND_PHASE_SUCCESS,
+                keys.BIND_PHASE_FAILED,
+            ):
+                stamp = ann.get(keys.BIND_TIME, "")
+                if stamp.isdigit():
+                    self.health.allocate_answered(
+                        pod.spec.node_name, float(stamp), self.clock(), self.monotonic()
+                    )
             claim = keys.VGPU_NODE in pod.metadata.annotations and not pod.spec.node_name
             if claim and event.type is not informer.EventType.DELETED and not pod.terminated:
                 self.unbound_claims[pod.key] = pod

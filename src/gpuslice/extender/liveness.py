@@ -11,6 +11,12 @@ Two conditions, both judged from the node as the watch shows it, with the time p
   ``Requesting_`` older than the timeout means nobody answered. Unlike HAMi, a stale node is not
   re-admitted by the next ``Requesting_`` write: it stays stale until kubelet advertises cards
   again or the plugin reports (HAMi issue #1839 is the opposite failure, a node blocked forever).
+* **Allocate stalled** (``NodeAllocateStalled``): the recovery loop released a lock because the
+  node's device plugin left a bound pod's Allocate unanswered past the allocate timeout. Kubelet
+  may still advertise the GPUs (the plugin is registered but hangs), so nothing else shows it;
+  without this the node would take one pod per timeout forever. It ends when a pod on the node
+  reaches ``bind-phase: success`` or ``failed`` (the plugin answers again) or after
+  ``stall_cooloff_s``, when one pod probes it again.
 * **Stuck lock** (``NodeLockHeld``): HAMi's node lock has named the same pod for longer than
   ``stuck_lock_s`` by our own monotonic clock (no cross-machine clock comparison). A healthy
   Allocate holds it for tens of milliseconds; a node whose lock is stuck would otherwise keep
@@ -48,9 +54,14 @@ class NodeHealth:
         stuck_lock_s: how long one owner may hold the node lock before the node is avoided.
     """
 
-    def __init__(self, handshake_timeout_s: float, stuck_lock_s: float) -> None:
+    def __init__(
+        self, handshake_timeout_s: float, stuck_lock_s: float, stall_cooloff_s: float = 300.0
+    ) -> None:
         self.handshake_ttl = dt.timedelta(seconds=handshake_timeout_s)
         self.stuck_lock_s = stuck_lock_s
+        self.stall_cooloff_s = stall_cooloff_s
+        self._stalled: dict[str, tuple[float, float]] = {}
+        """Node -> (monotonic, wall) time its Allocate stall was seen."""
         self.excluded: dict[str, str] = {}
         """Node -> reason code, for nodes that must not get new pods now."""
         self._advertised: set[str] = set()
@@ -78,8 +89,27 @@ class NodeHealth:
             self._locks[name] = (lock, monotonic)
         self._judge(name, now, monotonic)
 
+    def allocate_stalled(self, name: str, now: float, monotonic: float) -> None:
+        """The recovery loop released the node's lock after an unanswered Allocate."""
+        if name in self._nodes:
+            self._stalled[name] = (monotonic, now)
+            self._judge(name, now, monotonic)
+
+    def allocate_answered(self, name: str, bind_time: float, now: float, monotonic: float) -> None:
+        """A pod on the node bound at ``bind_time`` shows ``bind-phase`` success/failed.
+
+        Only a pod bound after the stall was seen proves the device plugin answers again (old
+        pods keep their answered phase for their whole life).
+        """
+        stalled = self._stalled.get(name)
+        if stalled is not None and bind_time >= stalled[1] - 1.0:
+            del self._stalled[name]
+            if name in self._nodes:
+                self._judge(name, now, monotonic)
+
     def forget(self, name: str) -> None:
         """The node is gone or no longer a GPU node."""
+        self._stalled.pop(name, None)
         self._nodes.pop(name, None)
         self._locks.pop(name, None)
         self._advertised.discard(name)
@@ -109,7 +139,9 @@ class NodeHealth:
 
     def counts(self) -> dict[str, int]:
         """How many nodes are excluded for each reason."""
-        out = dict.fromkeys((status.NODE_HANDSHAKE_STALE, status.NODE_LOCK_HELD), 0)
+        out = dict.fromkeys(
+            (status.NODE_HANDSHAKE_STALE, status.NODE_LOCK_HELD, status.NODE_ALLOCATE_STALLED), 0
+        )
         for reason in self.excluded.values():
             out[reason] = out.get(reason, 0) + 1
         return out
@@ -117,7 +149,7 @@ class NodeHealth:
     def _judge(self, name: str, now: float, monotonic: float) -> None:
         node = self._nodes[name]
         handshake_decides = allocatable_gpus(node) == 0 and name not in self._advertised
-        if handshake_decides or name in self._locks:
+        if handshake_decides or name in self._locks or name in self._stalled:
             self._timed.add(name)
         else:
             self._timed.discard(name)
@@ -133,6 +165,11 @@ class NodeHealth:
             self._advertised.add(name)
         elif name in self._advertised or not self._answered(node, now):
             return status.NODE_HANDSHAKE_STALE
+        stalled = self._stalled.get(name)
+        if stalled is not None:
+            if monotonic - stalled[0] <= self.stall_cooloff_s:
+                return status.NODE_ALLOCATE_STALLED
+            del self._stalled[name]  # cooled off: one pod probes the node again
         age = self.lock_age(name, monotonic)
         if age is not None and age > self.stuck_lock_s:
             return status.NODE_LOCK_HELD

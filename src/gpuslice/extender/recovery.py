@@ -238,6 +238,8 @@ class Recovery:
         released = await self._release(node, current, value)
         if not released:
             return
+        if action is Action.RELEASE_ALLOCATE_TIMEOUT:
+            self.source.health.allocate_stalled(node, self.clock(), self.source.monotonic())
         self.metrics.recovery.labels(action.value).inc()
         note = _NOTES[action].format(node=node, age=lock_age(lock, self.clock()))
         self.log.info("recovery: node lock released", node=node, owner=key, action=action.value)

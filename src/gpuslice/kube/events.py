@@ -6,6 +6,11 @@ equal to one sent within ``dedup_window_s`` (same object, type, reason, action a
 created again; the existing Event's ``series`` (count, lastObservedTime) is patched instead, as
 client-go's events broadcaster does for isomorphic events.
 
+Repeats are folded while they wait, too: an event equal to one already queued only bumps that
+entry's count, so a pod that kube-scheduler re-filters ten times a second costs one queue entry,
+not ten, and one API write. Warnings are sent before Normal events, so an operator-facing
+Warning (a released lock, a cleared orphan) is never stuck behind a backlog of routine events.
+
 Validation rules of the Events API (extender-protocol.md section 11) are applied when building
 the object: reason/action <= 128 chars, note <= 1024, ``reportingController`` a qualified name,
 ``reportingInstance`` <= 128, type Normal/Warning, and Events about cluster-scoped objects (Nodes)
@@ -60,6 +65,12 @@ class _Pending(NamedTuple):
     action: str
     note: str
     when: dt.datetime
+
+
+class _Queued(msgspec.Struct):
+    pending: _Pending
+    count: int
+    last: dt.datetime
 
 
 class _Sent(msgspec.Struct):
@@ -147,7 +158,11 @@ class Recorder:
         self.controller = controller
         self.window = dedup_window_s
         self._clock = clock
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue(queue_size)
+        self._queue_size = queue_size
+        self._queued: dict[tuple[str, ...], _Queued] = {}
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._bucket = kclient.TokenBucket(qps, burst)
         self._sent: dict[tuple[str, ...], _Sent] = {}
         self._task: asyncio.Task[None] | None = None
@@ -159,10 +174,18 @@ class Recorder:
     def emit(self, ref: Ref, type_: str, reason: str, action: str, note: str) -> None:
         """Queue an event about ``ref`` (never blocks; drops when the queue is full)."""
         when = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
-        try:
-            self._queue.put_nowait(_Pending(ref, type_, reason, action, note, when))
-        except asyncio.QueueFull:
+        key = dedup_key(ref, type_, reason, action, note)
+        queued = self._queued.get(key)
+        if queued is not None:
+            queued.count += 1
+            queued.last = when
+            return
+        if len(self._queued) >= self._queue_size:
             self.dropped += 1
+            return
+        self._queued[key] = _Queued(_Pending(ref, type_, reason, action, note, when), 1, when)
+        self._idle.clear()
+        self._wake.set()
 
     def record(
         self, namespace: str, name: str, uid: str, type_: str, reason: str, action: str, note: str
@@ -174,40 +197,43 @@ class Recorder:
         """Queue an event about a node (it lives in namespace ``default``)."""
         self.emit(Ref("Node", name, "", uid), type_, reason, action, note)
 
-    async def _create(self, p: _Pending) -> _Sent:
+    async def _create(self, p: _Pending, count: int, last: dt.datetime) -> _Sent:
         body = build(p.ref, p.type, p.reason, p.action, p.note, p.when, self.controller, self.instance)
+        if count > 1:
+            body["series"] = {"count": count, "lastObservedTime": micro_time(last)}
         ns = body["metadata"]["namespace"]
         await self.kube.request("POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", body=body)
         self.created += 1
-        return _Sent(ns, body["metadata"]["name"], 1, p.when.timestamp())
+        return _Sent(ns, body["metadata"]["name"], count, last.timestamp())
 
-    async def _repeat(self, sent: _Sent, p: _Pending) -> None:
-        patch = {"series": {"count": sent.count + 1, "lastObservedTime": micro_time(p.when)}}
+    async def _repeat(self, sent: _Sent, count: int, last: dt.datetime) -> None:
+        patch = {"series": {"count": sent.count + count, "lastObservedTime": micro_time(last)}}
         await self.kube.request(
             "PATCH",
             f"/apis/events.k8s.io/v1/namespaces/{sent.namespace}/events/{sent.name}",
             body=patch,
             content_type=kclient.MERGE_PATCH,
         )
-        sent.count += 1
-        sent.last = p.when.timestamp()
+        sent.count += count
+        sent.last = last.timestamp()
         self.updated += 1
 
-    async def send(self, p: _Pending) -> None:
-        """Create or update the Event for one pending record (errors are logged, not raised)."""
+    async def send(self, p: _Pending, count: int = 1, last: dt.datetime | None = None) -> None:
+        """Create or update the Event for ``count`` occurrences (errors are logged, not raised)."""
         await self._bucket.acquire()
+        last = last or p.when
         key = dedup_key(p.ref, p.type, p.reason, p.action, p.note)
         sent = self._sent.get(key)
         try:
             if sent is not None and p.when.timestamp() - sent.last <= self.window:
                 try:
-                    await self._repeat(sent, p)
+                    await self._repeat(sent, count, last)
                     return
                 except errors.NotFound:
                     pass  # the Event expired (TTL): create a new one
             if len(self._sent) >= _DEDUP_MAX:
                 self._sent.pop(next(iter(self._sent)))
-            self._sent[key] = await self._create(p)
+            self._sent[key] = await self._create(p, count, last)
         except errors.ApiError as exc:
             self.failed += 1
             log.warning(
@@ -219,18 +245,30 @@ class Recorder:
                 exc,
             )
 
+    def _next(self) -> _Queued:
+        """The oldest queued Warning, else the oldest queued event (removed from the queue)."""
+        key = next((k for k, q in self._queued.items() if q.pending.type == WARNING), None)
+        return self._queued.pop(key if key is not None else next(iter(self._queued)))
+
     async def run(self) -> None:
         """The worker loop: send queued events until cancelled."""
         while True:
-            p = await self._queue.get()
-            try:
-                await self.send(p)
-            finally:
-                self._queue.task_done()
+            if not self._queued:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            queued = self._next()
+            await self.send(queued.pending, queued.count, queued.last)
+
+    @property
+    def pending(self) -> int:
+        """Distinct events waiting to be sent."""
+        return len(self._queued)
 
     async def flush(self) -> None:
         """Wait until every queued event has been sent (tests and shutdown)."""
-        await self._queue.join()
+        await self._idle.wait()
 
     async def __aenter__(self) -> Recorder:
         self._task = asyncio.create_task(self.run(), name="gpuslice-events")

@@ -49,6 +49,9 @@ NODE_HANDSHAKE_STALE = "NodeHandshakeStale"
 """The node's device plugin stopped reporting (HAMi's handshake / kubelet no longer advertises GPUs)."""
 NODE_LOCK_HELD = "NodeLockHeld"
 """Another pod has held the node's HAMi lock for longer than a bind takes (a stuck Allocate)."""
+NODE_ALLOCATE_STALLED = "NodeAllocateStalled"
+"""The node's device plugin left an Allocate unanswered past the timeout; it gets no pods until it
+answers one or a cool-off has passed."""
 
 ALL_REASONS: tuple[str, ...] = (
     INSUFFICIENT_GPU_MEMORY,
@@ -69,6 +72,7 @@ ALL_REASONS: tuple[str, ...] = (
     INVALID_REQUEST,
     NODE_HANDSHAKE_STALE,
     NODE_LOCK_HELD,
+    NODE_ALLOCATE_STALLED,
 )
 
 

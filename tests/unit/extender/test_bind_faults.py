@@ -548,3 +548,37 @@ def test_failpoints_parse_rejects_unknown_names_and_actions(text: str, fragment:
     assert fragment in str(err.value)
     with pytest.raises(failpoints.FailpointError):
         failpoints.Failpoints.from_env({failpoints.ENV: text})
+
+
+def test_node_that_died_while_the_bind_waited_for_its_lock_gets_nothing(cache: caches.ClusterCache) -> None:
+    """The device plugin went away (handshake stale) between the reservation and the lock."""
+    binder = fakes.FakeBinder({P: fakes.gpu_pod("p", mem=8000)})
+    excluded: dict[str, str] = {}
+
+    class DiesDuringTheWait:
+        async def settle(self, node: str, resource_version: str) -> None:
+            excluded[node] = "NodeHandshakeStale"
+
+    deps = fakes.make_deps(cache, binder, excluded=excluded, truth=DiesDuringTheWait())
+    deps.flow.excluded = excluded
+    _remember(deps)
+    outcome = asyncio.run(deps.flow.bind(_args()))
+    assert outcome.result == "rejected" and "NodeHandshakeStale" in outcome.error
+    assert binder.locks == {} and binder.annotations == {} and binder.bound == {}
+    assert cache.pod_state(P) is None
+    assert fakes.usage(cache, "n1") == [(0, 0, 0), (0, 0, 0)]
+
+
+def test_a_held_lock_is_no_reason_to_refuse_once_the_lock_is_ours(cache: caches.ClusterCache) -> None:
+    """NodeLockHeld (the previous owner's stuck lock) may still be in the view after we took it."""
+    binder = fakes.FakeBinder({P: fakes.gpu_pod("p", mem=8000)})
+    excluded: dict[str, str] = {}
+
+    class StaleView:
+        async def settle(self, node: str, resource_version: str) -> None:
+            excluded[node] = "NodeLockHeld"
+
+    deps = fakes.make_deps(cache, binder, excluded=excluded, truth=StaleView())
+    deps.flow.excluded = excluded
+    _remember(deps)
+    assert asyncio.run(deps.flow.bind(_args())).ok

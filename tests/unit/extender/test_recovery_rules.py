@@ -204,3 +204,21 @@ def spec(holder: str | None, renewed_ago: float, duration: int = 15) -> lease.Le
 )
 def test_sidecar_follows_the_schedulers_lease(holder: str | None, renewed_ago: float, expected: bool) -> None:
     assert leader.follows(spec(holder, renewed_ago), "host-a", NOW) is expected
+
+
+def test_a_stalled_allocate_excludes_the_node_until_the_plugin_answers_or_it_cools_off() -> None:
+    h = liveness.NodeHealth(handshake_timeout_s=60, stuck_lock_s=5, stall_cooloff_s=30)
+    h.observe(node(allocatable="80"), False, NOW, 0.0)
+    h.allocate_stalled("n1", NOW, 0.0)
+    assert h.excluded == {"n1": status.NODE_ALLOCATE_STALLED}
+    # An old pod's answered phase proves nothing; a pod bound after the stall does.
+    h.allocate_answered("n1", NOW - 100, NOW + 1, 1.0)
+    assert h.excluded == {"n1": status.NODE_ALLOCATE_STALLED}
+    h.allocate_answered("n1", NOW + 2, NOW + 3, 3.0)
+    assert h.excluded == {}
+    # Without an answer the node gets a probe pod again after the cool-off.
+    h.allocate_stalled("n1", NOW + 10, 10.0)
+    h.tick(NOW + 39, 39.0)
+    assert h.excluded == {"n1": status.NODE_ALLOCATE_STALLED}
+    h.tick(NOW + 41, 41.0)
+    assert h.excluded == {}
