@@ -15,11 +15,17 @@ Every process is stopped by its own pid (SIGTERM, then SIGKILL after 10 s) in ``
 also runs at interpreter exit. Set ``GPUSLICE_KEEP_CONTROL_PLANE=1`` to keep the work directory
 (logs, kubeconfigs, etcd data) for inspection, ``GPUSLICE_CONTROL_PLANE_BIN`` to use prebuilt
 binaries instead of running ``build.sh``.
+
+Fault injection for the chaos tier, all by pid: ``freeze_apiserver``/``thaw_apiserver``
+(SIGSTOP/SIGCONT), ``restart_apiserver`` (SIGKILL, then a new kube-apiserver on the same etcd,
+port, certificates and tokens), and the same for kube-scheduler (``freeze_scheduler``,
+``thaw_scheduler``, ``restart_scheduler``); ``stop()`` resumes a frozen process before stopping it.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import secrets
@@ -52,6 +58,7 @@ USER_NAME = "gpuslice"
 DISABLED_ADMISSION_PLUGINS = "ServiceAccount,TaintNodesByCondition,Priority,StorageObjectInUseProtection"
 
 _STOP_GRACE_S = 10.0
+_PORT_WAIT_S = 10.0
 _LOG_TAIL_LINES = 40
 
 
@@ -121,6 +128,17 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def _port_free(port: int) -> bool:
+    """True when 127.0.0.1:``port`` can be bound (with SO_REUSEADDR, as Go's listeners do)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     """Return the last ``lines`` lines of a log file, or a note if it cannot be read."""
     try:
@@ -181,6 +199,15 @@ class _Process:
                 pass
         self.log_file.close()
 
+    def kill(self) -> None:
+        """SIGKILL the process by its own pid (resumed first if stopped) and reap it."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signal.SIGCONT)
+                self.popen.kill()
+            self.popen.wait()
+        self.log_file.close()
+
 
 class ControlPlane:
     """etcd + kube-apiserver (+ optionally kube-scheduler) on free loopback ports.
@@ -214,6 +241,11 @@ class ControlPlane:
         self._processes: list[_Process] = []
         self._scheduler: _Process | None = None
         self._scheduler_count = 0
+        self._scheduler_config = ""
+        self._apiserver: _Process | None = None
+        self._apiserver_argv: list[str] = []
+        self._apiserver_frozen = False
+        self._scheduler_frozen = False
         self._admin_token = secrets.token_hex(16)
         self._user_token = secrets.token_hex(16)
         self._server = ""
@@ -334,30 +366,27 @@ class ControlPlane:
             # etcd reads ETCD_* variables as flags; a developer's environment must not leak in.
             env={k: v for k, v in os.environ.items() if not k.startswith("ETCD")},
         )
-        self._spawn(
-            "kube-apiserver",
-            [
-                str(bin_dir / "kube-apiserver"),
-                f"--etcd-servers={self._etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={api_port}",
-                f"--cert-dir={work / 'pki'}",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                f"--service-account-key-file={work / 'sa.pub'}",
-                f"--service-account-signing-key-file={work / 'sa.key'}",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                f"--token-auth-file={work / 'tokens.csv'}",
-                "--authorization-mode=RBAC",
-                f"--disable-admission-plugins={DISABLED_ADMISSION_PLUGINS}",
-                "--allow-privileged=true",
-                # 127.0.0.1 may not be an Endpoints address; nothing in-cluster needs the
-                # `kubernetes` Service endpoints, so skip reconciling them (no log noise).
-                "--endpoint-reconciler-type=none",
-                *self._extra_apiserver_args,
-            ],
-            work,
-        )
+        self._apiserver_argv = [
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers={self._etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--cert-dir={work / 'pki'}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={work / 'sa.pub'}",
+            f"--service-account-signing-key-file={work / 'sa.key'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--token-auth-file={work / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            f"--disable-admission-plugins={DISABLED_ADMISSION_PLUGINS}",
+            "--allow-privileged=true",
+            # 127.0.0.1 may not be an Endpoints address; nothing in-cluster needs the
+            # `kubernetes` Service endpoints, so skip reconciling them (no log noise).
+            "--endpoint-reconciler-type=none",
+            *self._extra_apiserver_args,
+        ]
+        self._apiserver = self._spawn("kube-apiserver", self._apiserver_argv, work)
         self._wait_ready()
         (work / "kubeconfig.yaml").write_text(_kubeconfig_text(self._server, "admin", self._admin_token))
         (work / "kubeconfig-gpuslice.yaml").write_text(
@@ -443,6 +472,9 @@ class ControlPlane:
         ``GPUSLICE_KEEP_CONTROL_PLANE=1`` or when it was passed to the constructor.
         """
         self.stop_scheduler()
+        self._resume(self._apiserver)
+        self._apiserver_frozen = False
+        self._apiserver = None
         # Reverse start order: apiserver before etcd.
         while self._processes:
             self._processes.pop().stop()
@@ -487,6 +519,7 @@ class ControlPlane:
         self._scheduler_count += 1
         config = work / f"kube-scheduler-config-{self._scheduler_count}.yaml"
         config.write_text(config_yaml)
+        self._scheduler_config = config_yaml
         (port,) = _free_ports(1)
         proc = self._spawn(
             "kube-scheduler",
@@ -529,7 +562,141 @@ class ControlPlane:
         """Stop kube-scheduler by its pid, if it runs; its log file stays in the work dir."""
         proc, self._scheduler = self._scheduler, None
         if proc is not None:
+            self._resume(proc)
+            self._scheduler_frozen = False
             proc.stop()
+
+    # ----------------------------------------------------------------- faults
+
+    @property
+    def apiserver_pid(self) -> int:
+        """The pid of the running kube-apiserver (it changes with ``restart_apiserver``)."""
+        self._require_started()
+        if self._apiserver is None:
+            raise ControlPlaneError("kube-apiserver not running")
+        return int(self._apiserver.popen.pid)
+
+    @property
+    def apiserver_frozen(self) -> bool:
+        """True between ``freeze_apiserver()`` and ``thaw_apiserver()``."""
+        return self._apiserver_frozen
+
+    @staticmethod
+    def _signal(proc: _Process | None, sig: signal.Signals, what: str) -> None:
+        if proc is None or proc.popen.poll() is not None:
+            raise ControlPlaneError(f"{what} is not running")
+        proc.popen.send_signal(sig)
+
+    def _resume(self, proc: _Process | None) -> None:
+        """SIGCONT a process this object froze, so that SIGTERM can stop it."""
+        if proc is None or proc.popen.poll() is not None:
+            return
+        if (proc is self._apiserver and self._apiserver_frozen) or (
+            proc is self._scheduler and self._scheduler_frozen
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                proc.popen.send_signal(signal.SIGCONT)
+
+    def freeze_apiserver(self) -> None:
+        """Suspend kube-apiserver with SIGSTOP: connections stay open, nothing is answered.
+
+        Raises:
+            ControlPlaneError: If the apiserver is not running.
+        """
+        self._require_started()
+        self._signal(self._apiserver, signal.SIGSTOP, "kube-apiserver")
+        self._apiserver_frozen = True
+
+    def thaw_apiserver(self, wait_ready: bool = True) -> None:
+        """Resume a frozen kube-apiserver with SIGCONT.
+
+        Args:
+            wait_ready: Also wait until ``/readyz`` answers ok again.
+
+        Raises:
+            ControlPlaneError: If the apiserver is not running, or not ready in time.
+        """
+        self._require_started()
+        self._signal(self._apiserver, signal.SIGCONT, "kube-apiserver")
+        self._apiserver_frozen = False
+        if wait_ready:
+            self._wait_ready()
+
+    def kill_apiserver(self) -> None:
+        """SIGKILL kube-apiserver by its pid (etcd keeps running); ``restart_apiserver`` brings it back."""
+        self._require_started()
+        proc, self._apiserver = self._apiserver, None
+        self._apiserver_frozen = False
+        if proc is None:
+            return
+        if proc in self._processes:
+            self._processes.remove(proc)
+        proc.kill()
+
+    def restart_apiserver(self) -> int:
+        """SIGKILL kube-apiserver and start a new one on the same etcd, port, certificates and tokens.
+
+        Waits until the new apiserver's ``/readyz`` is ok. Clients keep their kubeconfigs: the URL,
+        the serving certificate (kept in the cert dir) and the tokens are unchanged.
+
+        Returns:
+            The new apiserver's pid.
+
+        Raises:
+            ControlPlaneError: If the new apiserver exits or is not ready in time.
+        """
+        work = self.workdir
+        self.kill_apiserver()
+        deadline = time.monotonic() + _PORT_WAIT_S
+        port = int(self._server.rsplit(":", 1)[1])
+        while not _port_free(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._apiserver = self._spawn("kube-apiserver", self._apiserver_argv, work)
+        self._wait_ready()
+        return self.apiserver_pid
+
+    @property
+    def scheduler_pid(self) -> int | None:
+        """The pid of the running kube-scheduler, if any."""
+        return None if self._scheduler is None else int(self._scheduler.popen.pid)
+
+    def freeze_scheduler(self) -> None:
+        """Suspend kube-scheduler with SIGSTOP.
+
+        Raises:
+            ControlPlaneError: If no scheduler runs.
+        """
+        self._signal(self._scheduler, signal.SIGSTOP, "kube-scheduler")
+        self._scheduler_frozen = True
+
+    def thaw_scheduler(self) -> None:
+        """Resume a frozen kube-scheduler with SIGCONT.
+
+        Raises:
+            ControlPlaneError: If no scheduler runs.
+        """
+        self._signal(self._scheduler, signal.SIGCONT, "kube-scheduler")
+        self._scheduler_frozen = False
+
+    def restart_scheduler(self, timeout: float = 30.0) -> subprocess.Popen[bytes]:
+        """SIGKILL kube-scheduler and start it again with the configuration it was last started with.
+
+        Args:
+            timeout: Seconds to wait for the new scheduler's ``/healthz``.
+
+        Returns:
+            The new kube-scheduler process.
+
+        Raises:
+            ControlPlaneError: If no scheduler was ever started, or the new one is not healthy.
+        """
+        if not self._scheduler_config:
+            raise ControlPlaneError("kube-scheduler was never started")
+        proc, self._scheduler = self._scheduler, None
+        self._scheduler_frozen = False
+        if proc is not None:
+            proc.kill()
+        return self.start_scheduler(self._scheduler_config, timeout)
 
     # ----------------------------------------------------------------- API helpers
 

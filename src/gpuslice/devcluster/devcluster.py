@@ -7,8 +7,11 @@ stand-in (``nodesim``). It prints a kubeconfig path so ``kubectl`` works, runs u
 stops every process by its own pid.
 
 The extender runs as a child process because ``devcluster`` and ``extender`` are independent
-layers; the helpers here (``start_extender``, ``render_scheduler_config``) are what the e2e
-fixtures use too.
+layers; the helpers here (``Extender``, ``render_scheduler_config``, ``NodeSimThread``) are what
+the e2e and chaos fixtures use too. For fault injection, ``Extender`` can be SIGKILLed and
+restarted on its port (with extra environment variables such as ``GPUSLICE_FAILPOINTS``),
+``NodeSimThread`` stops, mutes and restarts one node's device plugin, and ``ServiceProxy`` stands
+in for a Kubernetes Service that routes only to ready replicas.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import ssl
@@ -25,7 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -83,7 +87,10 @@ def render_scheduler_config(url: str, kubeconfig: Path, scheduler_name: str = "g
 
 
 class Extender:
-    """A ``gpuslice serve`` child process.
+    """A ``gpuslice serve`` child process, with the fault controls of the chaos tier.
+
+    The port and the log file are fixed at construction, so ``restart()`` (or ``kill()`` then
+    ``start()``) brings the extender back where kube-scheduler expects it; the log is appended to.
 
     Args:
         kubeconfig: the kubeconfig it talks to the apiserver with.
@@ -91,6 +98,8 @@ class Extender:
         port: listen port (a free one when None).
         extra_args: more ``serve`` flags (e.g. ``-v 4``).
         tls: (certificate, key) files to serve HTTPS with.
+        env: extra environment variables for the child (e.g. ``GPUSLICE_FAILPOINTS``), on top of
+            this process's environment; change ``self.env`` before a restart to change them.
     """
 
     def __init__(
@@ -100,13 +109,17 @@ class Extender:
         port: int | None = None,
         extra_args: Sequence[str] = (),
         tls: tuple[Path, Path] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.tls = tls
         self.log_path = log_path
         self.port = port or free_port()
         self.extra_args = list(extra_args)
+        self.env: dict[str, str] = dict(env or {})
         self.popen: subprocess.Popen[bytes] | None = None
+        self.returncode: int | None = None
+        """Exit status of the last process that ended (killed, stopped or exited by itself)."""
         self._log: IO[bytes] | None = None
 
     @property
@@ -114,9 +127,26 @@ class Extender:
         """Its base URL."""
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0) -> Extender:
-        """Start it and wait until ``/readyz`` answers 200 (caches synced)."""
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+    @property
+    def pid(self) -> int | None:
+        """The pid of the running process; None when none was started or it was stopped."""
+        return None if self.popen is None else int(self.popen.pid)
+
+    def running(self) -> bool:
+        """True while the started process has not exited."""
+        return self.popen is not None and self.popen.poll() is None
+
+    def spawn(self) -> Extender:
+        """Start the process and return at once (nothing waited for; see ``start``).
+
+        Raises:
+            DevClusterError: If it is already running.
+        """
+        if self.running():
+            raise DevClusterError(f"gpuslice serve already running (pid {self.pid})")
+        self._reap()
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop() / kill()
+        env = {**os.environ, **self.env} if self.env else None
         self.popen = subprocess.Popen(  # noqa: S603 - our own CLI
             gpuslice_command(
                 "serve",
@@ -130,7 +160,23 @@ class Extender:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=env,
         )
+        return self
+
+    def start(self, timeout: float = 60.0, wait_ready: bool = True) -> Extender:
+        """Start it and wait until ``/readyz`` answers 200 (caches synced, leading).
+
+        Args:
+            timeout: seconds to wait.
+            wait_ready: when False, wait only until it serves HTTP (``/healthz`` answers with any
+                status): a follower replica reports not-ready by design.
+
+        Raises:
+            DevClusterError: If it exits or is not ready (serving) in time; it is stopped.
+        """
+        self.spawn()
+        assert self.popen is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
@@ -139,24 +185,64 @@ class Extender:
                 raise DevClusterError(
                     f"gpuslice serve exited with {code}; see {self.log_path}:\n{self.tail()}"
                 )
-            if http_status(self.url + "/readyz") == 200:
+            if wait_ready and http_status(self.url + "/readyz") == 200:
                 return self
-            time.sleep(0.2)
+            if not wait_ready and http_status(self.url + "/healthz") != 0:
+                return self
+            time.sleep(0.1)
         self.stop()
+        what = "ready" if wait_ready else "serving"
         raise DevClusterError(
-            f"gpuslice serve not ready after {timeout:.0f} s; see {self.log_path}:\n{self.tail()}"
+            f"gpuslice serve not {what} after {timeout:.0f} s; see {self.log_path}:\n{self.tail()}"
         )
+
+    def kill(self) -> int | None:
+        """SIGKILL it by its pid and reap it; returns its exit status (None when none ran)."""
+        popen = self.popen
+        if popen is not None and popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                popen.kill()
+        self._reap()
+        return self.returncode
+
+    def restart(self, timeout: float = 60.0, wait_ready: bool = True) -> Extender:
+        """SIGKILL it (when running) and start it again on the same port and log file.
+
+        Args:
+            timeout: seconds to wait, as in ``start``.
+            wait_ready: as in ``start``.
+        """
+        self.kill()
+        return self.start(timeout, wait_ready)
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """Wait until the process exits by itself; returns its status, None if it still runs."""
+        popen = self.popen
+        if popen is None:
+            return self.returncode
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self._reap()
+        return self.returncode
 
     def stop(self) -> None:
         """Stop it by its pid (SIGTERM, then SIGKILL)."""
-        popen, self.popen = self.popen, None
+        popen = self.popen
         if popen is not None and popen.poll() is None:
             popen.send_signal(signal.SIGTERM)
             try:
                 popen.wait(_STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 popen.kill()
-                popen.wait()
+        self._reap()
+
+    def _reap(self) -> None:
+        """Wait for an ended (or killed) process, remember its status, close the log."""
+        popen, self.popen = self.popen, None
+        if popen is not None:
+            self.returncode = popen.wait()
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -181,26 +267,236 @@ def http_status(url: str, timeout: float = 2.0) -> int:
         return 0
 
 
+class ServiceProxy:
+    """A loopback TCP proxy standing in for a Kubernetes Service with readiness.
+
+    Like kube-proxy in front of a Deployment's endpoints: each backend's ``/readyz`` is polled
+    every ``poll_s``; each *new* connection is forwarded to a ready backend (round robin), or
+    closed at once when none is ready. Established connections stay with their backend until
+    either side closes them, as conntrack keeps them. Point kube-scheduler's ``urlPrefix`` at
+    ``url``.
+
+    Args:
+        backends: base URLs of the replicas, ``http://127.0.0.1:<port>`` (plain HTTP only: the
+            proxy forwards bytes, TLS would pass through unchanged).
+        poll_s: readiness poll period.
+        ready_path: the readiness endpoint of each backend.
+    """
+
+    def __init__(self, backends: Sequence[str], poll_s: float = 0.2, ready_path: str = "/readyz") -> None:
+        self._lock = threading.Lock()
+        self._backends = [b.rstrip("/") for b in backends]
+        self._ready: set[str] = set()
+        self._poll_s = poll_s
+        self._ready_path = ready_path
+        self._next = 0
+        self._stop = threading.Event()
+        self._listener: socket.socket | None = None
+        self._sockets: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self.port = 0
+        self.forwarded: dict[str, int] = {}
+        """Backend URL -> connections forwarded to it."""
+        self.refused = 0
+        """Connections closed because no backend was ready."""
+
+    @property
+    def url(self) -> str:
+        """The proxy's base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def backends(self) -> list[str]:
+        """The backend URLs."""
+        with self._lock:
+            return list(self._backends)
+
+    def set_backends(self, backends: Sequence[str]) -> None:
+        """Replace the backend list (readiness of new ones is known after the next poll)."""
+        with self._lock:
+            self._backends = [b.rstrip("/") for b in backends]
+            self._ready &= set(self._backends)
+
+    def ready_backends(self) -> list[str]:
+        """The backends whose last readiness poll answered 200, in backend order."""
+        with self._lock:
+            return [b for b in self._backends if b in self._ready]
+
+    def start(self) -> ServiceProxy:
+        """Listen on a free 127.0.0.1 port and start the poll and accept threads."""
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        listener.settimeout(0.2)
+        self._listener = listener
+        self.port = int(listener.getsockname()[1])
+        self._poll_once()
+        for target, name in ((self._poll, "proxy-poll"), (self._accept, "proxy-accept")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        """Stop listening and close every forwarded connection."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(5)
+        self._threads = []
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            open_sockets, self._sockets = list(self._sockets), set()
+        for sock in open_sockets:
+            _close(sock)
+
+    def __enter__(self) -> ServiceProxy:
+        """Start the proxy."""
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the proxy."""
+        self.stop()
+
+    def _poll_once(self) -> None:
+        for backend in self.backends:
+            ok = http_status(backend + self._ready_path, timeout=1.0) == 200
+            with self._lock:
+                if ok and backend in self._backends:
+                    self._ready.add(backend)
+                else:
+                    self._ready.discard(backend)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            self._poll_once()
+
+    def _pick(self) -> str | None:
+        with self._lock:
+            ready = [b for b in self._backends if b in self._ready]
+            if not ready:
+                return None
+            self._next += 1
+            return ready[self._next % len(ready)]
+
+    def _accept(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while not self._stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            backend = self._pick()
+            upstream = None
+            if backend is not None:
+                host, _, port = backend.rpartition("//")[2].partition(":")
+                try:
+                    upstream = socket.create_connection((host, int(port or 80)), timeout=2.0)
+                except OSError:
+                    upstream = None
+            if backend is None or upstream is None:
+                with self._lock:
+                    self.refused += 1
+                _close(client)
+                continue
+            upstream.settimeout(None)
+            client.settimeout(None)
+            with self._lock:
+                self.forwarded[backend] = self.forwarded.get(backend, 0) + 1
+                self._sockets.update((client, upstream))
+            pair = _Pair(client, upstream)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(
+                    target=self._pump, args=(pair, src, dst), name="proxy-pump", daemon=True
+                ).start()
+
+    def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket) -> None:
+        """Copy bytes one way; at EOF half-close the other side; on any error close both."""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    with contextlib.suppress(OSError):
+                        dst.shutdown(socket.SHUT_WR)
+                    break
+                dst.sendall(data)
+        except OSError:
+            _close(src)
+            _close(dst)
+        if pair.done():
+            _close(src)
+            _close(dst)
+            with self._lock:
+                self._sockets.difference_update((src, dst))
+
+
+class _Pair:
+    """The two sockets of one forwarded connection; closed once both directions ended."""
+
+    def __init__(self, a: socket.socket, b: socket.socket) -> None:
+        self.sockets = (a, b)
+        self._ended = 0
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        """Count one direction as ended; True for the second."""
+        with self._lock:
+            self._ended += 1
+            return self._ended == 2
+
+
+def _close(sock: socket.socket) -> None:
+    """Shut a socket down both ways and close it, ignoring errors."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
 class NodeSimThread:
     """Fake GPU nodes and ``nodesim.NodeSim`` on their own event loop in a background thread.
+
+    The per-node fault controls (``stop_node``, ``mute_node``, ``start_node``) are called from the
+    test's thread and run on the simulator's loop; each returns once its API writes are done.
 
     Args:
         kubeconfig: admin kubeconfig.
         nodes: node name -> keyword arguments of ``nodesim.make_node`` (model, count, memory_mib,
-            numa, ...).
+            numa, labels, ...).
         workers: handshake queues the nodes are split over (one pod watch and one node watch).
+        report_period_s: period of the device plugin's ``Reported`` handshake on each node
+            (HAMi: 30 s; 0 = never).
     """
 
-    def __init__(self, kubeconfig: Path, nodes: Mapping[str, Mapping[str, Any]], workers: int = 4) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        nodes: Mapping[str, Mapping[str, Any]],
+        workers: int = 4,
+        report_period_s: float = 30.0,
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.nodes = dict(nodes)
         self.workers = max(1, min(workers, len(self.nodes)))
+        self.report_period_s = report_period_s
         self.sims: list[nodesim.NodeSim] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._thread_main, name="nodesim", daemon=True)
+
+    @property
+    def sim(self) -> nodesim.NodeSim:
+        """The simulator serving every node (available once ``start`` returned)."""
+        if not self.sims:
+            raise DevClusterError("nodesim not started")
+        return self.sims[0]
 
     def start(self, timeout: float = 60.0) -> NodeSimThread:
         """Create the nodes and start serving; returns once the nodes exist."""
@@ -218,6 +514,24 @@ class NodeSimThread:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(task.cancel)
         self._thread.join(10)
+
+    def _call(self, make: Callable[[nodesim.NodeSim], Coroutine[Any, Any, None]], timeout: float) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed() or not self.sims:
+            raise DevClusterError("nodesim not running")
+        asyncio.run_coroutine_threadsafe(make(self.sim), loop).result(timeout)
+
+    def stop_node(self, node: str, timeout: float = 30.0) -> None:
+        """The node's device plugin dies (see ``nodesim.NodeSim.stop_node``)."""
+        self._call(lambda sim: sim.stop_node(node), timeout)
+
+    def mute_node(self, node: str, timeout: float = 30.0) -> None:
+        """The node's device plugin stops answering (see ``nodesim.NodeSim.mute_node``)."""
+        self._call(lambda sim: sim.mute_node(node), timeout)
+
+    def start_node(self, node: str, timeout: float = 30.0) -> None:
+        """The node's device plugin is back (see ``nodesim.NodeSim.start_node``)."""
+        self._call(lambda sim: sim.start_node(node), timeout)
 
     def _thread_main(self) -> None:
         try:
@@ -238,7 +552,11 @@ class NodeSimThread:
                 await nodesim.make_node(kube, name, **spec)
             # Real nodes each run their own device plugin; the simulator's worker queues keep
             # Allocate handshakes on different nodes concurrent, behind one pod and one node watch.
-            self.sims = [nodesim.NodeSim(kube, nodes=list(self.nodes), workers=self.workers)]
+            self.sims = [
+                nodesim.NodeSim(
+                    kube, nodes=list(self.nodes), workers=self.workers, report_period_s=self.report_period_s
+                )
+            ]
             self._ready.set()
             await asyncio.gather(*(sim.run() for sim in self.sims))
         except asyncio.CancelledError:

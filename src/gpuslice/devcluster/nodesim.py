@@ -13,6 +13,18 @@ serves and, for each pod in ``hami.io/bind-phase: allocating``, does what the de
 
 A ``fail`` predicate plays a failed ``Allocate``: ``bind-phase: failed``, lock released, and the
 pod Failed with reason ``UnexpectedAdmissionError``, as the kubelet rejects it.
+
+Like HAMi's device plugin up to v2.7, every ``report_period_s`` it writes the node handshake
+``hami.io/node-handshake: Reported <Go time.Now().String()>`` on each node it serves (the real
+plugin also re-writes the registration then; the simulator leaves it alone, so a test can corrupt
+it). A failed API call is retried after a short pause, so an apiserver outage delays handshakes
+but loses none; a pod whose annotations were cleared or that was deleted meanwhile is dropped.
+
+Per-node faults, driven by tests: ``stop_node`` (the device plugin died: no reports, no
+``Allocate``, and, as kubelet does when the plugin's socket goes away, allocatable
+``nvidia.com/gpu`` set to 0), ``mute_node`` (the plugin hangs: no reports, no ``Allocate``, while
+kubelet keeps advertising the GPUs) and ``start_node`` (back to normal: allocatable restored, a
+report at once, and pending ``allocating`` pods served when the node lock names them).
 """
 
 from __future__ import annotations
@@ -25,6 +37,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+import msgspec
+
 from gpuslice.codec import keys, registrations
 from gpuslice.codec import locks as lockcodec
 from gpuslice.kube import client as kclient
@@ -34,6 +48,9 @@ from gpuslice.model import devices
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "NVIDIA A100-SXM4-80GB"
+GPU_RESOURCE = "nvidia.com/gpu"
+REPORTED = "Reported"
+"""Prefix of the device plugin's handshake value."""
 GPU_LABEL = {"gpu": "on"}
 """The label HAMi's chart selects GPU nodes by."""
 _UUID_NS = uuid.UUID("6f1c1d2e-2a51-4d7e-9a0c-9d9a6f0b1c11")
@@ -131,6 +148,34 @@ async def make_node(
     return objects.decode_node(resp.content)
 
 
+def go_time_string(wall_ns: int, monotonic_ns: int | None = None) -> str:
+    """Go's ``time.Now().String()`` in UTC, as HAMi's device plugin puts it in its handshake.
+
+    ``2026-12-01 15:04:05.123456789 +0000 UTC m=+12.300000000``: the fraction with trailing zeros
+    trimmed (none at all for a whole second), then the monotonic reading in seconds with nine
+    decimals.
+
+    Args:
+        wall_ns: Unix time in nanoseconds.
+        monotonic_ns: nanoseconds since the process started; no ``m=`` part when None.
+    """
+    seconds, nanos = divmod(wall_ns, 1_000_000_000)
+    text = dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    if nanos:
+        text += "." + f"{nanos:09d}".rstrip("0")
+    text += " +0000 UTC"
+    if monotonic_ns is not None:
+        sign = "-" if monotonic_ns < 0 else "+"
+        whole, frac = divmod(abs(monotonic_ns), 1_000_000_000)
+        text += f" m={sign}{whole}.{frac:09d}"
+    return text
+
+
+def reported_value(wall_ns: int, monotonic_ns: int | None = None) -> str:
+    """The handshake value HAMi's device plugin (<= v2.7) writes: ``Reported <Go time>``."""
+    return f"{REPORTED} {go_time_string(wall_ns, monotonic_ns)}"
+
+
 def blank_entries(value: str) -> str:
     """``vgpu-devices-to-allocate`` after every container got its devices: entries kept, emptied."""
     return ";" * value.count(";")
@@ -147,6 +192,9 @@ class NodeSim:
         workers: handshake queues; each node always goes to the same one, so handshakes on
             different nodes run concurrently (as real nodes each run their own device plugin)
             while one pod watch and one node watch serve them all.
+        report_period_s: period of the ``Reported`` handshake on each served node (HAMi: 30 s;
+            0 = never).
+        retry_s: pause before a handshake is retried after a failed API call.
     """
 
     def __init__(
@@ -156,11 +204,16 @@ class NodeSim:
         clock: Callable[[], float] = time.time,
         fail: Callable[[objects.Pod], bool] | None = None,
         workers: int = 1,
+        report_period_s: float = 30.0,
+        retry_s: float = 0.5,
     ):
         self.kube = kube
         self.fail = fail
         self.nodes = None if nodes is None else frozenset(nodes)
+        self.report_period_s = report_period_s
+        self.retry_s = retry_s
         self._clock = clock
+        self._started_ns = time.monotonic_ns()
         self._queues: list[asyncio.Queue[objects.Pod]] = [asyncio.Queue() for _ in range(max(1, workers))]
         self._queue_of: dict[str, asyncio.Queue[objects.Pod]] = {}
         self.informer = informer.Informer(kube, kinds.PODS, self._on_event, field_selector="spec.nodeName!=")
@@ -173,14 +226,31 @@ class NodeSim:
         """Keys of pods whose ``Allocate`` was made to fail, in order."""
         self.skipped = 0
         """Times a pod was not served because the lock named another pod."""
+        self.retries = 0
+        """Handshakes retried after a failed API call."""
+        self.reports = 0
+        """``Reported`` handshakes written."""
         self.on_bound: Callable[[objects.Pod], None] | None = None
         """Called with every pod the pod watch shows on a served node (e.g. to time binds)."""
+        self.stopped: set[str] = set()
+        """Nodes whose device plugin is gone (``stop_node``)."""
+        self.muted: set[str] = set()
+        """Nodes whose device plugin never answers (``mute_node``)."""
         self._served: set[str] = set()
         """UIDs whose handshake this simulator finished (repeated watch events are ignored)."""
+        self._answered: dict[str, bool] = {}
+        """UID -> failed?, for pods whose annotations were answered but lock or status are pending."""
+        self._attempts: dict[str, int] = {}
+        self._deferred: dict[str, dict[str, objects.Pod]] = {}
+        """Node -> UID -> allocating pods that arrived while the node's plugin was stopped or muted."""
 
     def serves(self, node: str) -> bool:
         """True when this simulator plays the given node."""
         return bool(node) and (self.nodes is None or node in self.nodes)
+
+    def answering(self, node: str) -> bool:
+        """True when the node's device plugin answers (neither stopped nor muted)."""
+        return node not in self.stopped and node not in self.muted
 
     def _queue(self, node: str) -> asyncio.Queue[objects.Pod]:
         queue = self._queue_of.get(node)
@@ -209,13 +279,25 @@ class NodeSim:
 
     def _on_event(self, event: informer.Event[objects.Pod]) -> None:
         pod = event.obj
+        if event.type is informer.EventType.DELETED and pod is not None:
+            for pending in self._deferred.values():
+                pending.pop(pod.metadata.uid, None)
+            return
         if event.type in (informer.EventType.ADDED, informer.EventType.MODIFIED) and pod is not None:
             if self.on_bound is not None and self.serves(pod.spec.node_name):
                 self.on_bound(pod)
             if self.serves(pod.spec.node_name) and pod.metadata.annotations.get(keys.BIND_PHASE) == (
                 keys.BIND_PHASE_ALLOCATING
             ):
-                self._queue(pod.spec.node_name).put_nowait(pod)
+                self._submit(pod)
+
+    def _submit(self, pod: objects.Pod) -> None:
+        """Queue a pod for its node's worker, or keep it aside while the node's plugin is down."""
+        node = pod.spec.node_name
+        if self.answering(node):
+            self._queue(node).put_nowait(pod)
+        else:
+            self._deferred.setdefault(node, {})[pod.metadata.uid] = pod
 
     async def allocate(self, pod: objects.Pod) -> bool:
         """Finish the handshake for one bound pod; False when it is not this pod's turn.
@@ -224,21 +306,36 @@ class NodeSim:
         pod's status. The node lock must name the pod: the watched node is trusted when it does
         (only the owner removes its lock), else the node is read. The pod is the watched object; the
         annotation patch is a compare-and-swap on its resourceVersion (and UID), so a pod that
-        moved on since is read again and re-checked, and a recreated pod is never served. The lock
-        release is a compare-and-swap on the node as read, falling back to the owner-checked
-        ``locks.release`` when the node changed meanwhile.
+        moved on since (its annotations cleared, say) is read again and re-checked, and a recreated
+        pod is never served. The lock release is a compare-and-swap on the node as read, falling
+        back to the owner-checked ``locks.release`` when the node changed meanwhile. When a call
+        fails after the annotations were answered, calling again resumes with the lock release.
+
+        Raises:
+            errors.ApiError: an API call failed (the caller may call again with the same pod).
         """
         meta = pod.metadata
         node = pod.spec.node_name
-        if meta.uid in self._served or meta.annotations.get(keys.BIND_PHASE) != keys.BIND_PHASE_ALLOCATING:
+        if meta.uid in self._served:
+            return False
+        if not self.answering(node):
+            self._deferred.setdefault(node, {})[meta.uid] = pod
+            return False
+        started = dt.datetime.fromtimestamp(self._clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        answered = self._answered.get(meta.uid)
+        if answered is not None:  # annotations answered before a failed call: finish the rest
+            await locks.release(self.kube, node, meta.namespace, meta.name)
+            await self._finish(pod, node, answered, started)
+            return True
+        if meta.annotations.get(keys.BIND_PHASE) != keys.BIND_PHASE_ALLOCATING:
             return False
         current, lock = await self._locked_node(node, meta.namespace, meta.name)
         if lock is None or not lockcodec.is_owner(lock, meta.namespace, meta.name):
             self.skipped += 1
             log.info("nodesim: %s on %s: the node lock names %r, not this pod", pod.key, node, lock)
             return False
-        started = dt.datetime.fromtimestamp(self._clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if self.fail is not None and self.fail(pod):
+        failed = self.fail is not None and self.fail(pod)
+        if failed:
             phase = {keys.BIND_PHASE: keys.BIND_PHASE_FAILED}
         else:
             to_allocate = meta.annotations.get(keys.DEVICES_TO_ALLOCATE, "")
@@ -260,23 +357,30 @@ class NodeSim:
             if fresh.metadata.uid != meta.uid:
                 return False
             return await self.allocate(fresh)  # re-checked against the current pod and node
-        self._served.add(meta.uid)
+        self._answered[meta.uid] = failed
         await self._release(current, node, meta.namespace, meta.name)
-        if phase[keys.BIND_PHASE] == keys.BIND_PHASE_FAILED:
-            await self._mark_failed(pod, node, started)
-            return True
-        await pods.patch_status(
-            self.kube,
-            meta.namespace,
-            meta.name,
-            {
-                "phase": "Running",
-                "startTime": started,
-                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": started}],
-            },
-        )
-        self.completed.append(pod.key)
+        await self._finish(pod, node, failed, started)
         return True
+
+    async def _finish(self, pod: objects.Pod, node: str, failed: bool, started: str) -> None:
+        """The kubelet's part: the pod Running (or Failed, after a failed ``Allocate``)."""
+        meta = pod.metadata
+        if failed:
+            await self._mark_failed(pod, node, started)
+        else:
+            await pods.patch_status(
+                self.kube,
+                meta.namespace,
+                meta.name,
+                {
+                    "phase": "Running",
+                    "startTime": started,
+                    "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": started}],
+                },
+            )
+            self.completed.append(pod.key)
+        self._served.add(meta.uid)
+        self._answered.pop(meta.uid, None)
 
     async def _release(self, read: objects.Node, node: str, namespace: str, name: str) -> None:
         """Remove the lock this pod holds: CAS on the node as read, else the owner-checked release."""
@@ -308,20 +412,114 @@ class NodeSim:
         )
         self.failed.append(pod.key)
 
+    def _retry_later(self, pod: objects.Pod, queue: asyncio.Queue[objects.Pod]) -> None:
+        self.retries += 1
+        attempt = self._attempts[pod.metadata.uid] = self._attempts.get(pod.metadata.uid, 0) + 1
+        delay = min(self.retry_s * attempt, 5.0)
+        asyncio.get_running_loop().call_later(delay, queue.put_nowait, pod)
+
     async def _work(self, queue: asyncio.Queue[objects.Pod]) -> None:
         while True:
             pod = await queue.get()
             try:
                 await self.allocate(pod)
             except errors.NotFound:
-                pass  # deleted meanwhile
+                self._answered.pop(pod.metadata.uid, None)  # deleted meanwhile
             except errors.ApiError as exc:
-                log.warning("nodesim: %s: %s", pod.key, exc)
+                if isinstance(exc, errors.PermanentError) and self._attempts.get(pod.metadata.uid, 0) >= 5:
+                    log.warning("nodesim: %s: %s; giving up", pod.key, exc)
+                    continue
+                log.warning("nodesim: %s: %s; retrying", pod.key, exc)
+                self._retry_later(pod, queue)
+            except Exception:  # noqa: BLE001 - a simulator bug must not stop every later handshake
+                log.exception("nodesim: %s: handshake failed", pod.key)
+                if self._attempts.get(pod.metadata.uid, 0) < 5:
+                    self._retry_later(pod, queue)
+            else:
+                self._attempts.pop(pod.metadata.uid, None)
+
+    # ----- the handshake annotation and per-node faults
+
+    def _report_targets(self) -> list[str]:
+        """Served nodes whose plugin answers (every watched GPU node when ``nodes`` is None)."""
+        if self.nodes is not None:
+            names: Iterable[str] = self.nodes
+        else:
+            names = [n for n, obj in self._nodes.items() if keys.NODE_REGISTER in obj.metadata.annotations]
+        return sorted(n for n in names if self.answering(n))
+
+    async def report(self, node: str) -> None:
+        """Write ``hami.io/node-handshake: Reported <Go time>`` on one node, as the plugin does."""
+        value = reported_value(time.time_ns(), time.monotonic_ns() - self._started_ns)
+        await self.kube.request(
+            "PATCH",
+            locks.node_path(node),
+            body={"metadata": {"annotations": {keys.NODE_HANDSHAKE: value}}},
+            content_type=kclient.MERGE_PATCH,
+        )
+        self.reports += 1
+
+    async def _report_loop(self) -> None:
+        if self.report_period_s <= 0:
+            return
+        while True:
+            for node in self._report_targets():
+                try:
+                    await self.report(node)
+                except errors.NotFound:
+                    pass
+                except errors.ApiError as exc:
+                    log.warning("nodesim: handshake report on %s: %s", node, exc)
+            await asyncio.sleep(self.report_period_s)
+
+    async def _set_allocatable(self, node: str, value: str | None) -> None:
+        """Patch allocatable ``nvidia.com/gpu`` through ``/status``; None = restore the capacity."""
+        if value is None:
+            current = await locks.read_node(self.kube, node)
+            value = current.status.capacity.get(GPU_RESOURCE, "0")
+        await self.kube.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}/status",
+            body={"status": {"allocatable": {GPU_RESOURCE: value}}},
+            content_type=kclient.MERGE_PATCH,
+        )
+
+    async def stop_node(self, node: str) -> None:
+        """The node's device plugin dies: no reports, no ``Allocate``, allocatable GPUs 0."""
+        self.muted.discard(node)
+        self.stopped.add(node)
+        await self._set_allocatable(node, "0")
+
+    async def mute_node(self, node: str) -> None:
+        """The node's device plugin hangs: no reports, no ``Allocate``; kubelet still advertises GPUs."""
+        was_stopped = node in self.stopped
+        self.stopped.discard(node)
+        self.muted.add(node)
+        if was_stopped:
+            await self._set_allocatable(node, None)
+
+    async def start_node(self, node: str) -> None:
+        """The node's device plugin is back: allocatable restored, a report, pending pods served."""
+        self.stopped.discard(node)
+        self.muted.discard(node)
+        await self._set_allocatable(node, None)
+        if self.report_period_s > 0:
+            await self.report(node)
+        pending = self._deferred.pop(node, {})
+        listed = await self.kube.request(
+            "GET", "/api/v1/pods", params={"fieldSelector": f"spec.nodeName={node}"}
+        )
+        for pod in msgspec.json.decode(listed.content, type=objects.ObjectList[objects.Pod]).items:
+            if pod.metadata.annotations.get(keys.BIND_PHASE) == keys.BIND_PHASE_ALLOCATING:
+                pending[pod.metadata.uid] = pod
+        for pod in pending.values():
+            self._submit(pod)
 
     async def run(self) -> None:
         """Watch and serve until cancelled."""
         tasks = [asyncio.create_task(self._work(q)) for q in self._queues]
         tasks.append(asyncio.create_task(self.node_informer.run()))
+        tasks.append(asyncio.create_task(self._report_loop()))
         try:
             await self.informer.run()
         finally:
