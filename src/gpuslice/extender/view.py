@@ -50,9 +50,7 @@ class Cache(Protocol):
         """An immutable view of nodes, usage, quotas and the recent-request histogram."""
         ...
 
-    def assume(
-        self, key: str, uid: str, allocation: allocations.PodAllocation, now: float
-    ) -> status.Status:
+    def assume(self, key: str, uid: str, allocation: allocations.PodAllocation, now: float) -> status.Status:
         """Reserve an allocation for a pod before its binding is confirmed (atomically checked)."""
         ...
 
