@@ -5,7 +5,8 @@ binding goes on for several seconds; at three random moments (seeded) in that wi
 is SIGKILLed and started again on the same port. Then the cluster settles and the audit must be
 clean: no card over-committed, nobody bound without devices, no phantom reservation, no lock
 left, and the restarted extender's per-card usage equal to the API's. ``GPUSLICE_CHAOS_REPEAT``
-sets the number of rounds (default 1), each its own test.
+sets the number of rounds (default 1), each its own test; ``GPUSLICE_CHAOS_PODS`` and
+``GPUSLICE_CHAOS_THREADS`` size the workload (default 96 pods from 4 threads).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from tests.chaos.conftest import CARD_MIB, GPUS_PER_NODE, SCHEDULER, WORK_NODES,
 
 pytestmark = pytest.mark.chaos
 
-PODS = 96
+PODS = int(os.environ.get("GPUSLICE_CHAOS_PODS", "96"))
 """About 1.4 times the eight nodes' 32 cards (``load.demand_cards``): the cluster fills up."""
+THREADS = int(os.environ.get("GPUSLICE_CHAOS_THREADS", "4"))
 KILLS = 3
 
 
@@ -73,7 +75,7 @@ def test_sigkill_extender_during_mixed_load(chaos: Chaos, round_: int) -> None:
     ready_s: list[float] = []
     killed_with: list[int] = []
     with BoundSampler(chaos, ns) as sampler:
-        creating = load.Background(chaos.cp, bodies, threads=4, pace_s=0.25).start()
+        creating = load.Background(chaos.cp, bodies, threads=THREADS, pace_s=0.25).start()
         for _ in range(KILLS):
             time.sleep(rng.uniform(0.5, 2.5))
             ext.kill()

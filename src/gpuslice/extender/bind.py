@@ -180,7 +180,7 @@ class BindFlow:
     """Nodes not to place on now -> reason code (invalid registration, stale handshake, ...)."""
     lock_wait_s: float = 3.0
     bind_timeout_s: float = 20.0
-    commit_deadline_s: float = 4.0
+    commit_deadline_s: float = 3.0
     sync_wait_s: float = 5.0
     faults: failpoints.Failpoints = dataclasses.field(default_factory=failpoints.Failpoints)
     monotonic: Callable[[], float] = time.monotonic
@@ -437,6 +437,11 @@ class BindFlow:
             await self._undo(job, annotated=False, locked=True)
             return self._failed(job, err)
         refused = self._readmit(job)
+        if refused is None and self.monotonic() >= deadline:
+            # Writing now could outlive the recovery grace another replica allows a live bind.
+            refused = Outcome(
+                "failed", f"commit deadline ({self.commit_deadline_s:g}s) passed before the writes"
+            )
         if refused is not None:
             await self._undo(job, annotated=False, locked=True)
             return refused

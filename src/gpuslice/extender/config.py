@@ -122,8 +122,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     events: bool = True
     sync_wait_s: float = 5.0
     bind_timeout_s: float = 20.0
-    commit_deadline_s: float = 4.0
-    orphan_grace_s: float = 6.0
+    commit_deadline_s: float = 3.0
+    orphan_grace_s: float = 5.0
     allocate_timeout_s: float = 60.0
     node_lock_expiry_s: float = 0.0
     stuck_lock_s: float = 5.0

@@ -582,3 +582,20 @@ def test_a_held_lock_is_no_reason_to_refuse_once_the_lock_is_ours(cache: caches.
     deps.flow.excluded = excluded
     _remember(deps)
     assert asyncio.run(deps.flow.bind(_args())).ok
+
+
+def test_writes_are_not_started_once_the_commit_deadline_has_passed(cache: caches.ClusterCache) -> None:
+    """A slow truth read must not push the writes past the grace other replicas give a live bind."""
+    binder = fakes.FakeBinder({P: fakes.gpu_pod("p", mem=8000)})
+
+    class Slow:
+        async def settle(self, node: str, resource_version: str) -> None:
+            await asyncio.sleep(0.2)
+
+    settings = config.validate({"commit_deadline_s": 0.05, "orphan_grace_s": 1.0})
+    deps = fakes.make_deps(cache, binder, settings, truth=Slow())
+    _remember(deps)
+    outcome = asyncio.run(deps.flow.bind(_args()))
+    assert outcome.result == "failed" and "commit deadline" in outcome.error
+    assert binder.annotations == {} and binder.bound == {} and binder.locks == {}
+    assert cache.pod_state(P) is None
