@@ -178,6 +178,8 @@ class BindFlow:
     synced: Callable[[], bool] = lambda: True
     excluded: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Nodes not to place on now -> reason code (invalid registration, stale handshake, ...)."""
+    lock_owner: Callable[[str], str | None] = lambda node: None
+    """``ns/name`` of the pod HAMi's lock on a node names, as the node watch shows it."""
     lock_wait_s: float = 3.0
     bind_timeout_s: float = 20.0
     commit_deadline_s: float = 3.0
@@ -321,17 +323,25 @@ class BindFlow:
         self._live[key] = node
         handed_over = False
         try:
-            queue = self._queues.setdefault(node, asyncio.Lock())
-            # What stays for the queue once the lock wait and the writes are budgeted, so the whole
-            # call ends within bind_timeout_s.
-            budget = self.bind_timeout_s - self.lock_wait_s - self.commit_deadline_s - QUEUE_MARGIN_S
-            if not await _acquire(queue, budget - (self.monotonic() - started)):
-                self.cache.forget(key)
-                return Outcome("busy", f"node {node} busy: binds queued longer than {self.bind_timeout_s:g}s")
-            try:
-                outcome = await self._commit(job)
-            finally:
-                queue.release()
+            if self.lock_owner(node) == key:
+                # HAMi's lock already names this pod (a bind of it died after taking the lock, e.g.
+                # before a restart): every bind queued on the node waits for this one, so it must
+                # not queue behind them.
+                outcome = await self._commit(job, adopt=True)
+            else:
+                queue = self._queues.setdefault(node, asyncio.Lock())
+                # What stays for the queue once the lock wait and the writes are budgeted, so the
+                # whole call ends within bind_timeout_s.
+                budget = self.bind_timeout_s - self.lock_wait_s - self.commit_deadline_s - QUEUE_MARGIN_S
+                if not await _acquire(queue, budget - (self.monotonic() - started)):
+                    self.cache.forget(key)
+                    return Outcome(
+                        "busy", f"node {node} busy: binds queued longer than {self.bind_timeout_s:g}s"
+                    )
+                try:
+                    outcome = await self._commit(job)
+                finally:
+                    queue.release()
             handed_over = outcome.result == "pending"
             return outcome
         except BaseException:
@@ -414,11 +424,14 @@ class BindFlow:
             return Outcome("failed", f"{err.operation} failed: {err}")
         return BOUND
 
-    async def _commit(self, job: _Bind) -> Outcome:
+    async def _commit(self, job: _Bind, adopt: bool = False) -> Outcome:
         ns, name, uid, node, key = job.ns, job.name, job.uid, job.node, job.key
         marks = [self.monotonic()]
         try:
-            lock_rv = await self._waiter.acquire(node, ns, name)
+            if adopt:  # the lock names this pod already: take it over at once, no waiting
+                lock_rv = await self.binder.lock_node(node, ns, name)
+            else:
+                lock_rv = await self._waiter.acquire(node, ns, name)
         except binders.BindFailure as err:
             self.metrics.api_errors.labels(err.operation).inc()
             self.cache.forget(key)

@@ -29,7 +29,9 @@ from typing import Any
 import msgspec
 
 from gpuslice.cache import cache as caches
+from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys
+from gpuslice.codec import locks as lockcodec
 from gpuslice.extender import binder as binders
 from gpuslice.extender import config, liveness, logs, metrics
 from gpuslice.kube import client as kclient
@@ -121,6 +123,18 @@ class Feed:
                 self._restarts[k] = inf.restarts
         self.metrics.cache_synced.set(1 if ok else 0)
         return ok
+
+    def lock_owner(self, name: str) -> str | None:
+        """``ns/name`` of the pod HAMi's lock on the node names (watched), None when unlocked."""
+        node = self.sync.nodes.store.get(name)
+        value = None if node is None else node.metadata.annotations.get(keys.NODE_LOCK)
+        if not value:
+            return None
+        try:
+            lock = lockcodec.decode(value)
+        except codec_errors.DecodeError:
+            return None
+        return f"{lock.namespace}/{lock.name}" if lock.has_owner else None
 
     def pod(self, key: str) -> objects.Pod | None:
         """The pod as the watch last saw it."""

@@ -599,3 +599,32 @@ def test_writes_are_not_started_once_the_commit_deadline_has_passed(cache: cache
     assert outcome.result == "failed" and "commit deadline" in outcome.error
     assert binder.annotations == {} and binder.bound == {} and binder.locks == {}
     assert cache.pod_state(P) is None
+
+
+def test_the_pod_a_leftover_lock_names_does_not_queue_behind_binds_waiting_for_that_lock(
+    cache: caches.ClusterCache,
+) -> None:
+    """A bind of P died after taking n1's lock; after a restart, q queues on n1 waiting for the
+    lock, and P's retried bind must not wait behind q (q waits for P: a priority inversion)."""
+    binder = fakes.FakeBinder({P: fakes.gpu_pod("p", mem=8000), "default/q": fakes.gpu_pod("q", mem=8000)})
+    binder.locks["n1"] = P
+    settings = config.validate({"lock_wait_s": 1.0, "bind_timeout_s": 6.0})
+    deps = fakes.make_deps(cache, binder, settings, clock=time.monotonic)
+    deps.flow.lock_owner = lambda node: binder.locks.get(node)
+    _remember(deps, "p")
+    _remember(deps, "q")
+
+    async def run() -> tuple[binds.Outcome, binds.Outcome, float]:
+        q = asyncio.ensure_future(deps.flow.bind(_args("q")))
+        await _until(lambda: any(c[0] == "lock" and c[-1] == "q" for c in binder.calls))
+        start = time.monotonic()
+        p = await deps.flow.bind(_args("p"))
+        took = time.monotonic() - start
+        binder.release("n1")  # P's device plugin finishes; q can go on
+        return p, await q, took
+
+    p, q, took = asyncio.run(run())
+    assert p.ok and took < 0.5, (p, took)  # not behind q's 1 s lock wait
+    assert binder.bound.get(P) == "n1"
+    assert q.ok or q.result == "failed"  # q either got the lock after the release or timed out
+    assert fakes.overcommitted(cache) == []

@@ -49,6 +49,8 @@ class Reply:
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
     close_early: bool = False
     """Drop the connection without any answer (a transport failure)."""
+    hang_s: float = 0.0
+    """After the lines, keep the connection open and silent this long (a frozen apiserver)."""
 
 
 def status_body(code: int, reason: str, message: str = "") -> dict[str, Any]:
@@ -105,6 +107,8 @@ class FakeApi:
                 for line in reply.lines:
                     writer.write(json.dumps(line).encode() + b"\n")
             await writer.drain()
+            if reply.hang_s:
+                await asyncio.sleep(reply.hang_s)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:

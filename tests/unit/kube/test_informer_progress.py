@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -47,3 +48,38 @@ def test_ready_needs_sync_health_and_no_forced_relist() -> None:
         inf.relisting, inf.healthy = relisting, healthy
         states.append(inf.ready)
     assert states == [True, False, False]
+
+
+async def test_a_frozen_watch_is_detected_restarted_and_not_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No event, no bookmark, no end of stream past timeoutSeconds: the stream is dead."""
+    from gpuslice.kube import errors
+    from tests.unit.kube import fakeapi
+
+    monkeypatch.setattr(informer, "FROZEN_MARGIN_S", 0.3)
+    watches = []
+
+    def handler(req: fakeapi.Request) -> fakeapi.Reply:
+        if req.query.get("watch") != "true":
+            return fakeapi.Reply(body={"kind": "PodList", "metadata": {"resourceVersion": "5"}, "items": []})
+        watches.append(req)
+        return fakeapi.Reply(lines=[], hang_s=5.0)  # headers sent, then silence
+
+    async with fakeapi.serving(handler) as (_, kube):
+        seen: list[Any] = []
+        inf: informer.Informer[Any] = informer.Informer(
+            kube, kinds.PODS, seen.append, watch_timeout_s=1, resync_s=0
+        )
+        await inf.relist()
+        assert inf.ready
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(errors.ApiUnavailable):
+            await inf.watch(1)
+        assert loop.time() - start < 3.0  # 1 s timeoutSeconds + 0.3 s margin, not forever
+        # The loop counts it as a failure: not ready until a watch works again.
+        task = asyncio.create_task(inf.run(iterations=1))
+        await asyncio.sleep(2.0)
+        assert not inf.ready and inf.restarts >= 1
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
