@@ -33,7 +33,7 @@ from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
 from gpuslice.extender import binder as binders
-from gpuslice.extender import config, liveness, logs, metrics
+from gpuslice.extender import config, liveness, logs, metrics, tasks
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import events as kevents
@@ -204,14 +204,8 @@ class Feed:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Feed]:
         """Run the informers and the housekeeping loop until the context exits."""
-        async with self.sync:
-            task = asyncio.create_task(self._housekeeping(), name="feed-housekeeping")
-            try:
-                yield self
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        async with self.sync, tasks.background(self._housekeeping(), "feed-housekeeping"):
+            yield self
 
     async def _housekeeping(self, clock: Callable[[], float] = time.time) -> None:
         """Every second: metrics and readiness; every ``assumed_ttl_s / 4``: expire assumed pods.

@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
+from gpuslice.extender import tasks
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import lease
@@ -83,13 +84,10 @@ class OwnLease(Leadership):
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Leadership]:
         """Campaign until the context exits; give the Lease up on a clean shutdown."""
-        task = asyncio.create_task(self.elector.run(), name="lease-elector")
         try:
-            yield self
+            async with tasks.background(self.elector.run(), "lease-elector"):
+                yield self
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             with contextlib.suppress(kerrors.ApiError):
                 await self.elector.release()
 
@@ -152,10 +150,5 @@ class SchedulerLease(Leadership):
                 await self.check()
                 await asyncio.sleep(self.period_s)
 
-        task = asyncio.create_task(poll(), name="scheduler-lease")
-        try:
+        async with tasks.background(poll(), "scheduler-lease"):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

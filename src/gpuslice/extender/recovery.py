@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Callable
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import handshake, keys, pod_devices
 from gpuslice.codec import locks as lockcodec
-from gpuslice.extender import bind, feed, logs, metrics
+from gpuslice.extender import bind, feed, logs, metrics, tasks
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import locks, objects, pods
@@ -173,13 +173,8 @@ class Recovery:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Recovery]:
         """Run the loop until the context exits."""
-        task = asyncio.create_task(self._loop(), name="recovery")
-        try:
+        async with tasks.background(self._loop(), "recovery"):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def _loop(self) -> None:
         while True:
