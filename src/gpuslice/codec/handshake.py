@@ -16,6 +16,10 @@ from gpuslice.codec import instants
 
 REQUESTING = "Requesting"
 """Prefix of the value the scheduler writes: ``Requesting_<YYYY-MM-DD HH:MM:SS>``."""
+REPORTED = "Reported"
+"""Prefix of the value a live device plugin (HAMi <= v2.7) writes: ``Reported <Go time>``."""
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource whose allocatable count tells that kubelet still sees the plugin."""
 
 HANDSHAKE_TTL = dt.timedelta(seconds=60)
 """How long a ``Requesting_`` handshake may wait before the node counts as gone."""

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import msgspec
 
-from gpuslice.codec import keys, registrations
+from gpuslice.codec import handshake, keys, registrations
 from gpuslice.codec import locks as lockcodec
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors, informer, kinds, locks, objects, pods
@@ -48,9 +48,6 @@ from gpuslice.model import devices
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "NVIDIA A100-SXM4-80GB"
-GPU_RESOURCE = "nvidia.com/gpu"
-REPORTED = "Reported"
-"""Prefix of the device plugin's handshake value."""
 GPU_LABEL = {"gpu": "on"}
 """The label HAMi's chart selects GPU nodes by."""
 _UUID_NS = uuid.UUID("6f1c1d2e-2a51-4d7e-9a0c-9d9a6f0b1c11")
@@ -173,7 +170,7 @@ def go_time_string(wall_ns: int, monotonic_ns: int | None = None) -> str:
 
 def reported_value(wall_ns: int, monotonic_ns: int | None = None) -> str:
     """The handshake value HAMi's device plugin (<= v2.7) writes: ``Reported <Go time>``."""
-    return f"{REPORTED} {go_time_string(wall_ns, monotonic_ns)}"
+    return f"{handshake.REPORTED} {go_time_string(wall_ns, monotonic_ns)}"
 
 
 def blank_entries(value: str) -> str:
@@ -384,17 +381,7 @@ class NodeSim:
 
     async def _release(self, read: objects.Node, node: str, namespace: str, name: str) -> None:
         """Remove the lock this pod holds: CAS on the node as read, else the owner-checked release."""
-        body = {
-            "metadata": {
-                "annotations": {keys.NODE_LOCK: None},
-                "resourceVersion": read.metadata.resource_version,
-            }
-        }
-        try:
-            await self.kube.request(
-                "PATCH", locks.node_path(node), body=body, content_type=kclient.MERGE_PATCH
-            )
-        except errors.Conflict:
+        if not await locks.clear_as_read(self.kube, node, read.metadata.resource_version):
             await locks.release(self.kube, node, namespace, name)
 
     async def _mark_failed(self, pod: objects.Pod, node: str, now: str) -> None:
@@ -476,11 +463,11 @@ class NodeSim:
         """Patch allocatable ``nvidia.com/gpu`` through ``/status``; None = restore the capacity."""
         if value is None:
             current = await locks.read_node(self.kube, node)
-            value = current.status.capacity.get(GPU_RESOURCE, "0")
+            value = current.status.capacity.get(handshake.GPU_RESOURCE, "0")
         await self.kube.request(
             "PATCH",
             f"/api/v1/nodes/{node}/status",
-            body={"status": {"allocatable": {GPU_RESOURCE: value}}},
+            body={"status": {"allocatable": {handshake.GPU_RESOURCE: value}}},
             content_type=kclient.MERGE_PATCH,
         )
 

@@ -15,7 +15,6 @@ unknown fields and ``msgspec.Raw``, and would raise ``RecursionError`` on deep i
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import time
@@ -34,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import resources
 from gpuslice.extender import bind as binds
-from gpuslice.extender import config, jsondepth, logs, memo, metrics, preempt, scheduling, view, wire
+from gpuslice.extender import config, jsondepth, logs, memo, metrics, preempt, scheduling, tasks, view, wire
 from gpuslice.kube import objects
 from gpuslice.model import requests, status
 from gpuslice.policy import registry
@@ -304,12 +303,7 @@ class Handlers:
 
     async def _wait_synced(self) -> bool:
         """Wait (at most ``sync_wait_s``) until the caches are synced; never decide from a partial one."""
-        deadline = time.monotonic() + self.deps.settings.sync_wait_s
-        while not self.deps.synced():
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.05)
-        return True
+        return await tasks.wait_until(self.deps.synced, self.deps.settings.sync_wait_s, time.monotonic)
 
     async def filter(self, data: bytes) -> bytes:
         """``/filter``: feasible nodes, and a reason code for every other one."""

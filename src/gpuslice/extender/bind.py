@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
@@ -47,7 +47,18 @@ import numpy as np
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import pod_devices, resources
 from gpuslice.extender import binder as binders
-from gpuslice.extender import failpoints, logs, memo, metrics, nodelock, requeue, scheduling, view, wire
+from gpuslice.extender import (
+    failpoints,
+    logs,
+    memo,
+    metrics,
+    nodelock,
+    requeue,
+    scheduling,
+    tasks,
+    view,
+    wire,
+)
 from gpuslice.model import allocations, requests, status
 from gpuslice.model import config as model_config
 from gpuslice.policy import fit
@@ -178,6 +189,8 @@ class BindFlow:
     synced: Callable[[], bool] = lambda: True
     excluded: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Nodes not to place on now -> reason code (invalid registration, stale handshake, ...)."""
+    invalid_nodes: Collection[str] = frozenset()
+    """Nodes whose registration could not be decoded (the sync's live set), to name the reason."""
     lock_owner: Callable[[str], str | None] = lambda node: None
     """``ns/name`` of the pod HAMi's lock on a node names, as the node watch shows it."""
     lock_wait_s: float = 3.0
@@ -269,14 +282,6 @@ class BindFlow:
             )
             return Outcome("error", f"internal error: {type(err).__name__}")
 
-    async def _wait_synced(self) -> bool:
-        deadline = self.monotonic() + self.sync_wait_s
-        while not self.synced():
-            if self.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.05)
-        return True
-
     async def _request(self, args: wire.ExtenderBindingArgs) -> requests.PodRequest | Outcome:
         """The pod's request from the filter memo, else read from the API (restart, other replica)."""
         memo_: requests.PodRequest | None = self._pods.get(args.pod_uid)
@@ -305,7 +310,7 @@ class BindFlow:
             return REPEAT
         if not self.leading():
             return Outcome("not_leader", "this gpuslice replica is not the leader; retry")
-        if not await self._wait_synced():
+        if not await tasks.wait_until(self.synced, self.sync_wait_s, self.monotonic):
             return Outcome("not_synced", "gpuslice cache not synced yet; retry")
         pod = await self._request(args)
         if isinstance(pod, Outcome):
@@ -371,7 +376,7 @@ class BindFlow:
         snap = self.cache.snapshot()
         state = view.node_state(snap, node)
         if state is None:
-            return Outcome("rejected", f"node {node}: {status.NODE_UNREGISTERED}")
+            return Outcome("rejected", f"node {node}: {view.node_problem(node, self.invalid_nodes)}")
         placement = fit.place(
             state, pod, card_policy, scheduling.context(snap), view.quota(snap, pod.namespace)
         )

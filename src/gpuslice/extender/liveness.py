@@ -35,14 +35,10 @@ from gpuslice.codec import handshake, keys
 from gpuslice.kube import objects
 from gpuslice.model import status
 
-GPU_RESOURCE = "nvidia.com/gpu"
-REPORTED = "Reported"
-"""Prefix of the handshake value a live device plugin (HAMi <= v2.7) writes."""
-
 
 def allocatable_gpus(node: objects.Node) -> int:
     """The node's allocatable ``nvidia.com/gpu`` (0 when absent or unreadable)."""
-    text = node.status.allocatable.get(GPU_RESOURCE, "0")
+    text = node.status.allocatable.get(handshake.GPU_RESOURCE, "0")
     return int(text) if text.isdigit() else 0
 
 
@@ -79,7 +75,7 @@ class NodeHealth:
         old = self._nodes.get(name)
         shake = node.metadata.annotations.get(keys.NODE_HANDSHAKE, "")
         if old is not None and shake != old.metadata.annotations.get(keys.NODE_HANDSHAKE, ""):
-            if shake.startswith(REPORTED):
+            if shake.startswith(handshake.REPORTED):
                 self._advertised.discard(name)  # the plugin answers again: the handshake decides
         self._nodes[name] = node
         lock = node.metadata.annotations.get(keys.NODE_LOCK)

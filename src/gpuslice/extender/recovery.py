@@ -201,10 +201,11 @@ class Recovery:
                 lock = lockcodec.decode(value)
             except codec_errors.DecodeError:
                 continue  # the next acquirer takes a malformed lock over
-            if lock.has_owner:
-                locked.add(f"{lock.namespace}/{lock.name}")
-            owner = self.source.pod(f"{lock.namespace}/{lock.name}") if lock.has_owner else None
             key = f"{lock.namespace}/{lock.name}"
+            owner = None
+            if lock.has_owner:
+                locked.add(key)
+                owner = self.source.pod(key)
             action = judge_lock(node.metadata.name, lock, owner, key in live, now, self.limits)
             if action is not Action.KEEP:
                 await self._act_on_lock(node.metadata.name, lock, value)
@@ -230,9 +231,8 @@ class Recovery:
         if action is Action.CLEAR_ORPHAN and owner is not None:
             if not await self._clear(owner, node):
                 return  # the pod moved on (e.g. its Binding landed): judge it next pass
-        released = await self._release(node, current, value)
-        if not released:
-            return
+        if not await locks.clear_as_read(self.kube, node, current.metadata.resource_version):
+            return  # the node changed since the read: judged again on the next pass
         if action is Action.RELEASE_ALLOCATE_TIMEOUT:
             self.source.health.allocate_stalled(node, self.clock(), self.source.monotonic())
         self.metrics.recovery.labels(action.value).inc()
@@ -249,22 +249,6 @@ class Recovery:
                 "Recovering",
                 note,
             )
-
-    async def _release(self, node: str, current: objects.Node, value: str) -> bool:
-        """Remove exactly this lock value (compare-and-swap on the node as read)."""
-        body = {
-            "metadata": {
-                "annotations": {keys.NODE_LOCK: None},
-                "resourceVersion": current.metadata.resource_version,
-            }
-        }
-        try:
-            await self.kube.request(
-                "PATCH", locks.node_path(node), body=body, content_type=kclient.MERGE_PATCH
-            )
-        except kerrors.Conflict:
-            return False  # the node changed: next pass
-        return True
 
     async def _clear(self, pod: objects.Pod, node: str | None) -> bool:
         """Remove a pod's bind annotations if it is still unbound (compare-and-swap); True if done."""

@@ -79,6 +79,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         leading=lead.is_leading,
         synced=source.ready,
         excluded=source.health.excluded,
+        invalid_nodes=source.invalid_nodes,
         lock_owner=source.lock_owner,
         lock_wait_s=settings.lock_wait_s,
         bind_timeout_s=settings.bind_timeout_s,

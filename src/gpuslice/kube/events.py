@@ -261,11 +261,6 @@ class Recorder:
             queued = self._next()
             await self.send(queued.pending, queued.count, queued.last)
 
-    @property
-    def pending(self) -> int:
-        """Distinct events waiting to be sent."""
-        return len(self._queued)
-
     async def flush(self) -> None:
         """Wait until every queued event has been sent (tests and shutdown)."""
         await self._idle.wait()

@@ -184,6 +184,15 @@ async def acquire(
     )
 
 
+async def clear_as_read(kube: kclient.KubeClient, node: str, resource_version: str) -> bool:
+    """Remove the lock from the node as it was read (compare-and-swap); False when it changed since."""
+    try:
+        await _write(kube, node, None, resource_version)
+    except errors.Conflict:
+        return False
+    return True
+
+
 async def release(
     kube: kclient.KubeClient,
     node: str,

@@ -395,6 +395,7 @@ def make_deps(
         leading=leading,
         synced=synced,
         excluded=excluded_nodes,
+        invalid_nodes=invalid_nodes,
         lock_wait_s=settings.lock_wait_s,
         bind_timeout_s=settings.bind_timeout_s,
         commit_deadline_s=settings.commit_deadline_s,

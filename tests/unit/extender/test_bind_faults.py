@@ -628,3 +628,12 @@ def test_the_pod_a_leftover_lock_names_does_not_queue_behind_binds_waiting_for_t
     assert binder.bound.get(P) == "n1"
     assert q.ok or q.result == "failed"  # q either got the lock after the release or timed out
     assert fakes.overcommitted(cache) == []
+
+
+def test_bind_to_a_node_with_an_invalid_registration_names_that_reason(cache: caches.ClusterCache) -> None:
+    binder = fakes.FakeBinder({"default/p": fakes.gpu_pod("p", mem=8000)})
+    deps = fakes.make_deps(cache, binder, invalid=["bad"])
+    _remember(deps)
+    outcome = asyncio.run(deps.flow.bind(_args(node_name="bad")))
+    assert outcome.result == "rejected" and "NodeRegistrationInvalid" in outcome.error
+    assert binder.locks == {} and binder.annotations == {}
