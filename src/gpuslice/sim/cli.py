@@ -8,11 +8,23 @@ import os
 import sys
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from gpuslice.sim import extra
 
-from gpuslice.policy import registry
-from gpuslice.sim import experiment, replay, report, trace
+# Ahead of rich and of the sim modules that import it: a server-only install (`pip install gpuslice`,
+# the container image) gets one line and exit 2 here, for `--help` too, rather than a traceback.
+extra.require("gpuslice simulate")
+
+from rich.console import Console  # noqa: E402
+from rich.progress import (  # noqa: E402
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from gpuslice.policy import registry  # noqa: E402
+from gpuslice.sim import experiment, replay, report, trace  # noqa: E402
 
 
 def parse_seeds(text: str) -> list[int]:
