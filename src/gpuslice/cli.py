@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "gpuslice.devcluster.devcluster",
         "local control plane + kube-scheduler + gpuslice + fake GPU nodes",
     ),
+    "webhook": ("gpuslice.webhook.serve", "admission webhook: default and validate GPU pods"),
 }
 """Subcommand name -> (module, one-line help). Other tools add their line here."""
 
