@@ -66,8 +66,26 @@ def gpuslice_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpuslice", *args]
 
 
-def render_scheduler_config(url: str, kubeconfig: Path, scheduler_name: str = "gpuslice-scheduler") -> str:
-    """The output of ``gpuslice render scheduler-config`` for this cluster."""
+def render_scheduler_config(
+    url: str,
+    kubeconfig: Path,
+    scheduler_name: str = "gpuslice-scheduler",
+    *,
+    ca_file: Path | None = None,
+    client: tuple[Path, Path] | None = None,
+) -> str:
+    """The output of ``gpuslice render scheduler-config`` for this cluster.
+
+    Args:
+        url: the extender's URL.
+        kubeconfig: kube-scheduler's kubeconfig.
+        scheduler_name: the profile name.
+        ca_file: for an https URL, the CA of the extender's serving certificate (``--ca-file``).
+        client: (certificate, key) kube-scheduler presents to an mTLS extender.
+    """
+    tls_args = ["--ca-file", str(ca_file)] if ca_file is not None else []
+    if client is not None:
+        tls_args += ["--client-cert", str(client[0]), "--client-key", str(client[1])]
     out = subprocess.run(  # noqa: S603 - our own CLI
         gpuslice_command(
             "render",
@@ -78,6 +96,7 @@ def render_scheduler_config(url: str, kubeconfig: Path, scheduler_name: str = "g
             str(kubeconfig),
             "--scheduler-name",
             scheduler_name,
+            *tls_args,
         ),
         check=True,
         capture_output=True,
@@ -98,6 +117,10 @@ class Extender:
         port: listen port (a free one when None).
         extra_args: more ``serve`` flags (e.g. ``-v 4``).
         tls: (certificate, key) files to serve HTTPS with.
+        client_ca: CA bundle whose client certificates it requires (``--tls-client-ca``; needs
+            ``tls``). It then also serves a plain-HTTP metrics listener (``--metrics-listen`` on
+            ``metrics_port``), and ``start`` waits for readiness through that listener, since the
+            main port refuses a client without a certificate.
         env: extra environment variables for the child (e.g. ``GPUSLICE_FAILPOINTS``), on top of
             this process's environment; change ``self.env`` before a restart to change them.
     """
@@ -110,9 +133,15 @@ class Extender:
         extra_args: Sequence[str] = (),
         tls: tuple[Path, Path] | None = None,
         env: Mapping[str, str] | None = None,
+        client_ca: Path | None = None,
     ) -> None:
+        if client_ca is not None and tls is None:
+            raise ValueError("client_ca needs tls (mutual TLS is served over HTTPS only)")
         self.kubeconfig = kubeconfig
         self.tls = tls
+        self.client_ca = client_ca
+        self.metrics_port: int | None = free_port() if client_ca is not None else None
+        """Port of the plain-HTTP metrics listener (with ``client_ca``), else None."""
         self.log_path = log_path
         self.port = port or free_port()
         self.extra_args = list(extra_args)
@@ -126,6 +155,13 @@ class Extender:
     def url(self) -> str:
         """Its base URL."""
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def probe_url(self) -> str:
+        """Where ``/healthz``, ``/readyz`` and ``/metrics`` answer without a client certificate."""
+        if self.metrics_port is not None:
+            return f"http://127.0.0.1:{self.metrics_port}"
+        return self.url
 
     @property
     def pid(self) -> int | None:
@@ -155,6 +191,8 @@ class Extender:
                 "--kubeconfig",
                 str(self.kubeconfig),
                 *(["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else []),
+                *(["--tls-client-ca", str(self.client_ca)] if self.client_ca is not None else []),
+                *(["--metrics-listen", f"127.0.0.1:{self.metrics_port}"] if self.metrics_port else []),
                 *self.extra_args,
             ),
             stdout=self._log,
@@ -165,7 +203,7 @@ class Extender:
         return self
 
     def start(self, timeout: float = 60.0, wait_ready: bool = True) -> Extender:
-        """Start it and wait until ``/readyz`` answers 200 (caches synced, leading).
+        """Start it and wait until ``/readyz`` answers 200 (caches synced, leading) on ``probe_url``.
 
         Args:
             timeout: seconds to wait.
@@ -185,9 +223,9 @@ class Extender:
                 raise DevClusterError(
                     f"gpuslice serve exited with {code}; see {self.log_path}:\n{self.tail()}"
                 )
-            if wait_ready and http_status(self.url + "/readyz") == 200:
+            if wait_ready and http_status(self.probe_url + "/readyz") == 200:
                 return self
-            if not wait_ready and http_status(self.url + "/healthz") != 0:
+            if not wait_ready and http_status(self.probe_url + "/healthz") != 0:
                 return self
             time.sleep(0.1)
         self.stop()

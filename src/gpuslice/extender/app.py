@@ -6,6 +6,8 @@ the GET routes (health, readiness, metrics) and runs the lifespan. Malformed
 input (bad JSON, wrong types, oversized bodies) is a 4xx with a plain message;
 scheduling failures go in the response body (``FailedNodes``, ``Error``), never as a 5xx. The
 lifespan enters the injected background services (informers, event worker) and stops them.
+``create_metrics_app`` serves the same GET routes alone, for a plain-HTTP listener beside an
+mTLS one.
 
 Every body is checked before any decoder sees it: larger than ``body_limit_bytes`` is a 413, nested
 deeper than ``max_json_depth`` a 400 (``jsondepth``; msgspec recurses once per level, also over
@@ -459,6 +461,24 @@ class Handlers:
         return Response(generate_latest(self.m.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _probe_routes(h: Handlers) -> list[Route]:
+    """The GET routes: liveness, readiness and metrics."""
+    return [
+        Route("/healthz", h.healthz, methods=["GET"]),
+        Route("/readyz", h.readyz, methods=["GET"]),
+        Route("/metrics", h.metrics, methods=["GET"]),
+    ]
+
+
+def create_metrics_app(deps: Deps) -> Starlette:
+    """The plain-HTTP metrics listener's app: ``/healthz``, ``/readyz`` and ``/metrics`` only.
+
+    The same handlers and answers as on the main app, over the same ``deps``; no lifespan (the
+    main app's runs the services, once).
+    """
+    return Starlette(routes=_probe_routes(Handlers(deps)))
+
+
 def create_app(deps: Deps) -> _Fast:
     """Build the app around ``deps`` (see the module docstring)."""
     h = Handlers(deps)
@@ -470,11 +490,7 @@ def create_app(deps: Deps) -> _Fast:
                 await stack.enter_async_context(service())
             yield State(deps=deps)
 
-    routes = [
-        Route("/healthz", h.healthz, methods=["GET"]),
-        Route("/readyz", h.readyz, methods=["GET"]),
-        Route("/metrics", h.metrics, methods=["GET"]),
-    ]
+    routes = _probe_routes(h)
     prioritize = h.endpoint("prioritize", h.prioritize)
     verbs = {
         "/filter": h.endpoint("filter", h.filter),

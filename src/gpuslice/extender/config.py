@@ -3,6 +3,9 @@
 Settings are read once at startup into a frozen ``Settings``; anything invalid raises
 ``ConfigError`` with a message naming the setting, and the command exits with status 2.
 
+Every ``*_s`` setting takes seconds (``15``, ``2.5``) or, as a string, a Go duration (``15s``,
+``5m``, ``1m30s``), so Helm chart values written for Go components pass through unchanged.
+
 Default policies follow HAMi's chart (``nodeSchedulerPolicy: binpack``,
 ``gpuSchedulerPolicy: spread``): pack pods onto few nodes, so whole nodes stay free for large jobs,
 and spread them over the cards of the chosen node, so co-located pods contend less for one card.
@@ -11,6 +14,7 @@ and spread them over the cards of the chosen node, so co-located pods contend le
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,6 +58,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         listen: ``host:port`` to serve on.
         tls_cert: serving certificate file (PEM); HTTPS when set together with ``tls_key``.
         tls_key: serving key file (PEM).
+        tls_client_ca: CA bundle (PEM); when set, every client must present a certificate signed
+            by it (mutual TLS; needs ``tls_cert`` and ``tls_key``).
+        metrics_listen: ``host:port`` of a second, plain-HTTP listener serving only ``/metrics``,
+            ``/healthz`` and ``/readyz`` ('' = none): kubelet probes and Prometheus cannot present
+            client certificates (HAMi's scheduler likewise serves metrics on its own port, 9395).
         verbosity: klog-style log level (``-v``): 4 logs each node, 5 each card.
         kubeconfig: kubeconfig path; '' = ``$KUBECONFIG``, ``~/.kube/config`` or in-cluster.
         assumed_ttl_s: how long an assumed pod may wait for its informer confirmation.
@@ -113,6 +122,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     listen: str = "127.0.0.1:8888"
     tls_cert: str = ""
     tls_key: str = ""
+    tls_client_ca: str = ""
+    metrics_listen: str = ""
     verbosity: int = 0
     kubeconfig: str = ""
     assumed_ttl_s: float = 30.0
@@ -151,6 +162,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def port(self) -> int:
         """The listen port."""
         return int(self.listen.rpartition(":")[2])
+
+    @property
+    def metrics_host(self) -> str:
+        """The metrics listener's host ('' when there is none)."""
+        return self.metrics_listen.rpartition(":")[0]
+
+    @property
+    def metrics_port(self) -> int:
+        """The metrics listener's port (0 when there is none)."""
+        return int(self.metrics_listen.rpartition(":")[2] or 0)
 
     @property
     def request_config(self) -> model_config.RequestConfig:
@@ -239,10 +260,47 @@ def load(
     return validate(merged)
 
 
+def _seconds(name: str, value: Any) -> Any:
+    """A ``*_s`` value as given, or the seconds of a Go duration string (``15s``, ``1m30s``).
+
+    Raises:
+        ConfigError: a string that is neither a number nor a Go duration, or a non-finite number.
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(number):
+            raise ConfigError(f"{name}: expected a finite number of seconds, got {value!r}")
+        return text  # msgspec converts it to the field's type (int or float)
+    try:
+        return goparse.parse_duration(text)
+    except ValueError:
+        raise ConfigError(
+            f"{name}: expected seconds or a Go duration such as 15s, 5m or 1m30s, got {value!r}"
+        ) from None
+
+
+def _host_port(value: str) -> tuple[str, int] | None:
+    """``host:port`` split, or None when it is not of that form."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+_WILDCARDS = frozenset({"0.0.0.0", "::", "[::]"})
+
+
 def validate(values: Mapping[str, Any]) -> Settings:
     """Build ``Settings`` from plain values (strings are converted) and check them."""
+    plain = {name: _seconds(name, v) if name.endswith("_s") else v for name, v in values.items()}
     try:
-        settings = msgspec.convert(dict(values), Settings, strict=False)
+        settings = msgspec.convert(plain, Settings, strict=False)
     except msgspec.ValidationError as err:
         raise ConfigError(f"invalid setting: {err}") from None
     problems: list[str] = []
@@ -254,12 +312,12 @@ def validate(values: Mapping[str, Any]) -> Settings:
         problems.append("memory_scaling and core_scaling must be > 0")
     if settings.memory_factor < 1:
         problems.append("memory_factor must be >= 1")
-    host, sep, port = settings.listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        problems.append(f"listen: expected host:port, got {settings.listen!r}")
+    problems.extend(_listen_problems(settings))
     if bool(settings.tls_cert) != bool(settings.tls_key):
         problems.append("tls_cert and tls_key must be given together")
-    for field in ("tls_cert", "tls_key"):
+    if settings.tls_client_ca and not settings.tls_cert:
+        problems.append("tls_client_ca needs tls_cert and tls_key (mutual TLS is served over HTTPS only)")
+    for field in ("tls_cert", "tls_key", "tls_client_ca"):
         path = getattr(settings, field)
         if path and not Path(path).is_file():
             problems.append(f"{field}: no such file {path!r}")
@@ -279,6 +337,23 @@ def validate(values: Mapping[str, Any]) -> Settings:
     if settings.node_lock_expiry_s == 0:
         settings = msgspec.structs.replace(settings, node_lock_expiry_s=DEFAULT_LOCK_EXPIRY_S)
     return settings
+
+
+def _listen_problems(s: Settings) -> list[str]:
+    """Checks of ``listen`` and ``metrics_listen`` (host:port each, not the same socket)."""
+    problems: list[str] = []
+    main = _host_port(s.listen)
+    if main is None:
+        problems.append(f"listen: expected host:port, got {s.listen!r}")
+    if not s.metrics_listen:
+        return problems
+    side = _host_port(s.metrics_listen)
+    if side is None:
+        problems.append(f"metrics_listen: expected host:port, got {s.metrics_listen!r}")
+    elif main is not None and side[1] == main[1] != 0:
+        if side[0] == main[0] or side[0] in _WILDCARDS or main[0] in _WILDCARDS:
+            problems.append(f"metrics_listen: must differ from listen {s.listen!r}, got {s.metrics_listen!r}")
+    return problems
 
 
 def _fault_problems(s: Settings) -> list[str]:

@@ -5,6 +5,14 @@ required), bind and preempt verbs, ``nodeCacheCapable: true`` (node names only, 
 the wire), every GPU resource managed and ``ignoredByScheduler: true`` (nodes advertise only
 ``nvidia.com/gpu``; the others would fail the in-tree fit), ``ignorable: false`` (a pod must not be
 placed without its cards), and ``percentageOfNodesToScore: 100`` so every feasible node reaches us.
+
+An https URL needs a way to trust the extender: ``tlsConfig.caFile`` (kube-scheduler's
+``ExtenderTLSConfig``), or ``insecure: true`` when asked for explicitly; with neither,
+kube-scheduler would verify against the system roots, never what a cluster-internal extender
+wants, so that is an error. ``certFile``/``keyFile`` present a client certificate (the extender's
+``--tls-client-ca``). With ``leader_elect`` the ``leaderElection`` block spells out every field of
+kube-scheduler's ``LeaderElectionConfiguration`` (durations verbatim), so a Helm chart can produce
+the same document.
 """
 
 from __future__ import annotations
@@ -16,11 +24,16 @@ from typing import Any
 
 import yaml
 
+from gpuslice.codec import goparse
 from gpuslice.model import config as model_config
 
 DEFAULT_URL = "http://127.0.0.1:8888"
 DEFAULT_SCHEDULER_NAME = "gpuslice-scheduler"
 DEFAULT_HTTP_TIMEOUT = "30s"
+DEFAULT_LEASE_DURATION = "15s"
+DEFAULT_RENEW_DEADLINE = "10s"
+DEFAULT_RETRY_PERIOD = "2s"
+DEFAULT_LEASE_NAMESPACE = "kube-system"
 
 
 _DEFAULT_NAMES = model_config.ResourceNames()
@@ -39,25 +52,47 @@ def scheduler_config(
     http_timeout: str = DEFAULT_HTTP_TIMEOUT,
     preempt: bool = True,
     leader_elect: bool = False,
-    insecure_tls: bool = True,
+    *,
+    ca_file: str | None = None,
+    client_cert: str | None = None,
+    client_key: str | None = None,
+    server_name: str | None = None,
+    insecure_tls: bool = False,
+    lease_duration: str = DEFAULT_LEASE_DURATION,
+    renew_deadline: str = DEFAULT_RENEW_DEADLINE,
+    retry_period: str = DEFAULT_RETRY_PERIOD,
+    lease_name: str | None = None,
+    lease_namespace: str = DEFAULT_LEASE_NAMESPACE,
 ) -> dict[str, Any]:
     """The configuration as a plain dict (see the module docstring).
 
     Args:
-        url: the extender's ``urlPrefix``.
+        url: the extender's ``urlPrefix`` (``http://`` or ``https://``).
         scheduler_name: the profile name pods put in ``spec.schedulerName``.
         weight: prioritize weight (kube-scheduler multiplies our 0..10 by ``weight x 10``).
         kubeconfig: ``clientConnection.kubeconfig``; omitted when None (in-cluster).
         http_timeout: per-call timeout, a Go duration.
         preempt: include ``preemptVerb``.
         leader_elect: kube-scheduler leader election (off for a single dev scheduler).
-        insecure_tls: with an https URL, skip certificate verification.
+        ca_file: ``tlsConfig.caFile``: the CA that signed the extender's serving certificate.
+        client_cert: ``tlsConfig.certFile``: client certificate kube-scheduler presents (mTLS).
+        client_key: ``tlsConfig.keyFile``: its key (only together with ``client_cert``).
+        server_name: ``tlsConfig.serverName``: the name verified in the serving certificate.
+        insecure_tls: ``tlsConfig.insecure``: skip verifying the extender's certificate.
+        lease_duration: ``leaderElection.leaseDuration`` (a Go duration).
+        renew_deadline: ``leaderElection.renewDeadline`` (a Go duration).
+        retry_period: ``leaderElection.retryPeriod`` (a Go duration).
+        lease_name: ``leaderElection.resourceName``; None = ``scheduler_name``.
+        lease_namespace: ``leaderElection.resourceNamespace``.
 
     Raises:
-        ValueError: for a weight below 1 (kube-scheduler rejects it when prioritizeVerb is set).
+        ValueError: for a weight below 1 (kube-scheduler rejects it when prioritizeVerb is set),
+            TLS options that do not fit the URL, or invalid leader-election timings.
     """
     if weight < 1:
         raise ValueError("weight must be >= 1 when prioritizeVerb is set")
+    _duration("http timeout", http_timeout)
+    tls = _tls_config(url, ca_file, client_cert, client_key, server_name, insecure_tls)
     extender: dict[str, Any] = {
         "urlPrefix": url.rstrip("/"),
         "filterVerb": "filter",
@@ -70,10 +105,9 @@ def scheduler_config(
     extender["nodeCacheCapable"] = True
     extender["httpTimeout"] = http_timeout
     extender["ignorable"] = False
-    if url.startswith("https://"):
+    if tls is not None:
         extender["enableHTTPS"] = True
-        if insecure_tls:
-            extender["tlsConfig"] = {"insecure": True}
+        extender["tlsConfig"] = tls
     extender["managedResources"] = [{"name": n, "ignoredByScheduler": True} for n in managed_resources()]
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -81,11 +115,93 @@ def scheduler_config(
     }
     if kubeconfig is not None:
         config["clientConnection"] = {"kubeconfig": kubeconfig}
-    config["leaderElection"] = {"leaderElect": leader_elect}
+    if leader_elect:
+        config["leaderElection"] = _leader_election(
+            lease_duration, renew_deadline, retry_period, lease_name or scheduler_name, lease_namespace
+        )
+    else:
+        config["leaderElection"] = {"leaderElect": False}
     config["percentageOfNodesToScore"] = 100
     config["profiles"] = [{"schedulerName": scheduler_name}]
     config["extenders"] = [extender]
     return config
+
+
+def _duration(what: str, text: str) -> float:
+    """Seconds of a Go duration, or ValueError naming ``what``."""
+    try:
+        return goparse.parse_duration(text)
+    except ValueError:
+        raise ValueError(f"{what}: expected a Go duration such as 15s or 1m30s, got {text!r}") from None
+
+
+def _tls_config(
+    url: str,
+    ca_file: str | None,
+    client_cert: str | None,
+    client_key: str | None,
+    server_name: str | None,
+    insecure: bool,
+) -> dict[str, Any] | None:
+    """The extender's ``tlsConfig`` for an https URL; None for http (ValueError on a misfit)."""
+    given = {
+        "--ca-file": ca_file,
+        "--client-cert": client_cert,
+        "--client-key": client_key,
+        "--server-name": server_name,
+        "--insecure-skip-tls-verify": insecure,
+    }
+    if url.startswith("http://"):
+        flags = [flag for flag, value in given.items() if value]
+        if flags:
+            raise ValueError(f"TLS options need an https:// URL, got {url!r}: {' '.join(flags)}")
+        return None
+    if not url.startswith("https://"):
+        raise ValueError(f"url must start with http:// or https://, got {url!r}")
+    if bool(client_cert) != bool(client_key):
+        raise ValueError("--client-cert and --client-key must be given together")
+    if insecure and (ca_file or server_name):
+        # client-go refuses a root CA together with insecure; a server name is never checked then.
+        raise ValueError("--insecure-skip-tls-verify excludes --ca-file and --server-name")
+    if not insecure and not ca_file:
+        raise ValueError(
+            f"{url}: give --ca-file (the CA of the extender's serving certificate) or, explicitly, "
+            "--insecure-skip-tls-verify; kube-scheduler would otherwise verify it against the "
+            "system roots"
+        )
+    tls: dict[str, Any] = {"insecure": True} if insecure else {}
+    for key, value in (
+        ("caFile", ca_file),
+        ("certFile", client_cert),
+        ("keyFile", client_key),
+        ("serverName", server_name),
+    ):
+        if value:
+            tls[key] = value
+    return tls
+
+
+def _leader_election(
+    lease_duration: str, renew_deadline: str, retry_period: str, name: str, namespace: str
+) -> dict[str, Any]:
+    """kube-scheduler's ``leaderElection`` block with every field (ValueError on invalid timings)."""
+    lease = _duration("lease duration", lease_duration)
+    renew = _duration("renew deadline", renew_deadline)
+    retry = _duration("retry period", retry_period)
+    if not lease > renew > 0 or not retry > 0:
+        # kube-scheduler's own validation (LeaderElectionConfiguration).
+        raise ValueError("need lease duration > renew deadline > 0 and retry period > 0")
+    if not name or not namespace:
+        raise ValueError("lease name and lease namespace must not be empty")
+    return {
+        "leaderElect": True,
+        "leaseDuration": lease_duration,
+        "renewDeadline": renew_deadline,
+        "retryPeriod": retry_period,
+        "resourceLock": "leases",
+        "resourceName": name,
+        "resourceNamespace": namespace,
+    }
 
 
 def scheduler_config_yaml(**kwargs: Any) -> str:
@@ -103,7 +219,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sc.add_argument("--kubeconfig", default=None, help="clientConnection.kubeconfig (omit for in-cluster)")
     sc.add_argument("--http-timeout", default=DEFAULT_HTTP_TIMEOUT)
     sc.add_argument("--no-preempt", action="store_true", help="leave out preemptVerb")
-    sc.add_argument("--leader-elect", action="store_true")
+    sc.add_argument("--leader-elect", action="store_true", help="kube-scheduler leader election (a Lease)")
+    sc.add_argument("--lease-duration", default=DEFAULT_LEASE_DURATION, help="Go duration")
+    sc.add_argument("--renew-deadline", default=DEFAULT_RENEW_DEADLINE, help="Go duration")
+    sc.add_argument("--retry-period", default=DEFAULT_RETRY_PERIOD, help="Go duration")
+    sc.add_argument("--lease-name", default=None, help="the Lease (default: the scheduler name)")
+    sc.add_argument("--lease-namespace", default=DEFAULT_LEASE_NAMESPACE)
+    sc.add_argument("--ca-file", default=None, help="https: CA of the extender's serving certificate")
+    sc.add_argument("--client-cert", default=None, help="https: client certificate to present (mTLS)")
+    sc.add_argument("--client-key", default=None, help="https: the client certificate's key")
+    sc.add_argument("--server-name", default=None, help="https: name to verify in the serving certificate")
+    sc.add_argument(
+        "--insecure-skip-tls-verify", action="store_true", help="https: do not verify the extender"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -117,6 +245,16 @@ def main(args: argparse.Namespace) -> int:
             http_timeout=args.http_timeout,
             preempt=not args.no_preempt,
             leader_elect=args.leader_elect,
+            ca_file=args.ca_file,
+            client_cert=args.client_cert,
+            client_key=args.client_key,
+            server_name=args.server_name,
+            insecure_tls=args.insecure_skip_tls_verify,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+            lease_name=args.lease_name,
+            lease_namespace=args.lease_namespace,
         )
     except ValueError as err:
         print(f"gpuslice render: {err}", file=sys.stderr)

@@ -4,19 +4,32 @@ Reads the settings once (flags > ``GPUSLICE_*`` environment > ``--config`` YAML 
 invalid setting prints one clear line and exits with status 2), connects to the apiserver
 (``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config`` or in-cluster), builds the cache, the
 informer feed, the event recorder and the bind path, and serves the app with uvicorn.
+
+With ``--tls-client-ca`` the HTTPS listener requires a client certificate signed by that CA
+(``ssl.CERT_REQUIRED``; a client without one fails the handshake). With ``--metrics-listen`` a
+second, plain-HTTP listener serves ``/metrics``, ``/healthz`` and ``/readyz`` (kubelet probes and
+Prometheus present no client certificate). Both are ``uvicorn.Server``s in one event loop; the
+lifespan (informers, leader election, recovery, events) runs on the main one only. The metrics
+listener starts first, so a port conflict ends the command before any service starts; one
+SIGTERM/SIGINT handler stops both (a second SIGINT forces the exit), and if either server fails
+the other is stopped and the command exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
+import signal
 import socket
+import ssl
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from gpuslice.cache import cache as caches
 from gpuslice.extender import app as apps
@@ -155,27 +168,122 @@ def main(args: argparse.Namespace) -> int:
     except Exception as err:  # noqa: BLE001 - startup problems (kubeconfig, TLS files) end the command
         print(f"gpuslice serve: cannot start: {err}", file=sys.stderr)
         return 1
+    main_config = listener_config(settings, apps.create_app(deps), settings.host, settings.port, main=True)
+    configs = [main_config]
+    if settings.metrics_listen:
+        metrics_app = apps.create_metrics_app(deps)
+        configs.append(
+            listener_config(settings, metrics_app, settings.metrics_host, settings.metrics_port, main=False)
+        )
+    try:
+        for c in configs:
+            c.load()  # TLS files are read here: a bad certificate or CA ends the command now
+    except Exception as err:  # noqa: BLE001 - startup problems end the command
+        print(f"gpuslice serve: cannot start: {err}", file=sys.stderr)
+        return 1
     log.info(
         "serving",
         leader_elect=settings.leader_elect,
         listen=settings.listen,
+        metrics_listen=settings.metrics_listen or None,
         node_policy=settings.node_policy,
         card_policy=settings.card_policy,
         tls=bool(settings.tls_cert),
+        client_ca=bool(settings.tls_client_ca),
     )
-    uvicorn.run(
-        apps.create_app(deps),
-        host=settings.host,
-        port=settings.port,
-        ssl_certfile=settings.tls_cert or None,
-        ssl_keyfile=settings.tls_key or None,
+    servers = [QuietServer(c) for c in configs]
+    with asyncio.Runner(loop_factory=main_config.get_loop_factory()) as runner:
+        code = runner.run(serve_all(servers[0], servers[1] if len(servers) > 1 else None))
+    if code:
+        print("gpuslice serve: a listener failed; see the log above", file=sys.stderr)
+    return code
+
+
+def listener_config(
+    settings: config.Settings, app: ASGIApp, host: str, port: int, *, main: bool
+) -> uvicorn.Config:
+    """One listener's uvicorn configuration: TLS and the lifespan on the main listener only."""
+    tls = main and bool(settings.tls_cert)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        ssl_certfile=settings.tls_cert if tls else None,
+        ssl_keyfile=settings.tls_key if tls else None,
+        ssl_ca_certs=settings.tls_client_ca if tls and settings.tls_client_ca else None,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if tls and settings.tls_client_ca else ssl.CERT_NONE,
+        lifespan="on" if main else "off",  # the services run once, under the main listener
         log_level="warning",
         access_log=False,
-        lifespan="on",
         loop="uvloop",  # both pinned in requirements.lock; explicit so a missing one fails loudly
         # httptools with header and body deadlines: uvicorn has neither (see extender.httpserver).
         http=httpservers.protocol_class(settings.header_timeout_s, settings.body_timeout_s),
         timeout_keep_alive=max(1, round(settings.idle_timeout_s)),  # uvicorn takes whole seconds
         limit_concurrency=settings.max_connections,  # connections beyond it are answered 503
     )
+
+
+class QuietServer(uvicorn.Server):
+    """A ``uvicorn.Server`` that leaves signals alone: ``serve_all`` installs one handler for all.
+
+    uvicorn's own ``capture_signals`` (0.54) replaces the process handlers with ``signal.signal``
+    for each server, so with two servers only the last one would hear SIGTERM.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """No per-server signal handling."""
+        yield
+
+
+async def _run(server: uvicorn.Server) -> int:
+    """Serve until told to exit; 0, or 1 when uvicorn gave up (it ``sys.exit``s on startup failures)."""
+    try:
+        await server.serve()
+    except SystemExit as exit_:  # uvicorn's startup failure (lifespan or bind): a code, not the process
+        return 1 if exit_.code != 0 else 0
     return 0
+
+
+async def serve_all(main_server: uvicorn.Server, metrics_server: uvicorn.Server | None) -> int:
+    """Run the main server (and the metrics server) until SIGTERM/SIGINT; the exit status.
+
+    The metrics server is started first and must be listening before the main one (and with it
+    the services) starts. When either ends on its own, the other is told to exit too.
+    """
+    servers = [s for s in (metrics_server, main_server) if s is not None]
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        for server in servers:
+            if server.should_exit and sig == signal.SIGINT:
+                server.force_exit = True
+            server.should_exit = True
+
+    handled = (signal.SIGINT, signal.SIGTERM)
+    for sig in handled:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        if metrics_server is None:
+            return await _run(main_server)
+        side = asyncio.create_task(_run(metrics_server), name="metrics-listener")
+        while not metrics_server.started and not side.done():
+            await asyncio.sleep(0.02)
+        if side.done():
+            return side.result() or 1
+        if main_server.should_exit:  # stopped while the metrics listener started
+            metrics_server.should_exit = True
+            return await side
+
+        def side_ended(_: asyncio.Task[int]) -> None:
+            main_server.should_exit = True  # no metrics or probes: stop rather than run blind
+
+        side.add_done_callback(side_ended)
+        code = await _run(main_server)
+        side_failed = side.done() and not metrics_server.should_exit  # ended without being told to
+        metrics_server.should_exit = True
+        side_code = await side
+        return code or side_code or (1 if side_failed else 0)
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)

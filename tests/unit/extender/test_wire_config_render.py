@@ -148,7 +148,7 @@ def test_scheduler_config_has_every_required_field() -> None:
 
 
 def test_render_https_and_weight_validation(capsys: pytest.CaptureFixture[str]) -> None:
-    ext = render.scheduler_config(url="https://x:443")["extenders"][0]
+    ext = render.scheduler_config(url="https://x:443", insecure_tls=True)["extenders"][0]
     assert ext["enableHTTPS"] is True and ext["tlsConfig"] == {"insecure": True}
     assert render.run(["scheduler-config", "--weight", "0"]) == 2
     assert render.run(["scheduler-config", "--scheduler-name", "s2", "--no-preempt"]) == 0

@@ -1,0 +1,286 @@
+"""``gpuslice serve``'s listeners: mTLS on the main one, the plain metrics one, one SIGTERM for both.
+
+Real uvicorn servers on loopback ports run ``serve.serve_all`` in this (the main) thread, where
+signal handlers can be installed; clients run in worker threads so the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import ssl
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from gpuslice.extender import app as apps
+from gpuslice.extender import config, serve
+from tests import pki
+from tests.unit.builders import node
+from tests.unit.extender import fakes
+
+pytestmark = pytest.mark.unit
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Lifespan:
+    """A background service that counts how often the lifespan entered and left it."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.entered = 0
+        self.exited = 0
+        self.fail = fail
+
+    @contextlib.asynccontextmanager
+    async def __call__(self) -> AsyncIterator[object]:
+        if self.fail:
+            raise RuntimeError("service failed to start")
+        self.entered += 1
+        try:
+            yield self
+        finally:
+            self.exited += 1
+
+
+def _deps(service: Lifespan, synced: Callable[[], bool] = lambda: True) -> apps.Deps:
+    deps = fakes.make_deps(fakes.cluster_cache(node("n").gpus(1)), synced=synced)
+    return dataclasses.replace(deps, services=[service])
+
+
+def _servers(
+    settings: config.Settings, deps: apps.Deps, metrics: bool = True
+) -> tuple[serve.QuietServer, serve.QuietServer | None]:
+    main = serve.QuietServer(
+        serve.listener_config(settings, apps.create_app(deps), settings.host, settings.port, main=True)
+    )
+    if not metrics:
+        return main, None
+    side_config = serve.listener_config(
+        settings, apps.create_metrics_app(deps), settings.metrics_host, settings.metrics_port, main=False
+    )
+    return main, serve.QuietServer(side_config)
+
+
+def _run(
+    main: serve.QuietServer,
+    side: serve.QuietServer | None,
+    while_serving: Callable[[], Awaitable[None]] | None = None,
+) -> int:
+    """``serve_all``; once both listen, run ``while_serving`` and send this process SIGTERM."""
+
+    async def scenario() -> int:
+        task = asyncio.create_task(serve.serve_all(main, side))
+        while not (main.started and (side is None or side.started)) and not task.done():
+            await asyncio.sleep(0.02)
+        if not task.done():
+            if while_serving is not None:
+                await while_serving()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return await task
+
+    with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
+        return runner.run(scenario())
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def _get(url: str, context: ssl.SSLContext | None = None) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5, context=context) as resp:  # noqa: S310 - loopback
+        return int(resp.status), resp.read().decode()
+
+
+def _tls_get(
+    port: int, ca: Path, client: tuple[Path, Path] | None, version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3
+) -> bytes:
+    """GET /healthz over TLS with (or without) a client certificate; the raw answer.
+
+    Raises:
+        ssl.SSLError: the handshake failed.
+    """
+    context = ssl.create_default_context(cafile=str(ca))
+    context.minimum_version = context.maximum_version = version
+    if client is not None:
+        context.load_cert_chain(str(client[0]), str(client[1]))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        tls = context.wrap_socket(raw, server_hostname="localhost")  # the handshake
+        with tls:
+            tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            answer = b""
+            with contextlib.suppress(ssl.SSLError, ConnectionResetError):  # closed instead of answered
+                while chunk := tls.recv(4096):
+                    answer += chunk
+            return answer
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> pki.Pki:
+    return pki.make(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def ports() -> tuple[int, int]:
+    return _free_port(), _free_port()
+
+
+def _settings(ports: tuple[int, int], certs: pki.Pki | None = None) -> config.Settings:
+    values = {"listen": f"127.0.0.1:{ports[0]}", "metrics_listen": f"127.0.0.1:{ports[1]}"}
+    if certs is not None:
+        values |= {
+            "tls_cert": str(certs.server_cert),
+            "tls_key": str(certs.server_key),
+            "tls_client_ca": str(certs.ca),
+        }
+    return config.validate(values)
+
+
+# ----------------------------------------------------------------------------- the metrics app
+
+
+def test_metrics_app_answers_like_the_main_app() -> None:
+    synced = [False]
+    deps = _deps(Lifespan(), synced=lambda: synced[0])
+    with TestClient(apps.create_app(deps)) as main, TestClient(apps.create_metrics_app(deps)) as side:
+        for path in ("/healthz", "/readyz"):
+            a, b = main.get(path), side.get(path)
+            assert (a.status_code, a.text) == (b.status_code, b.text)
+        assert (side.get("/readyz").status_code, side.get("/readyz").text) == (503, "cache not synced")
+        synced[0] = True
+        assert (side.get("/readyz").status_code, side.get("/readyz").text) == (200, "ok")
+        metrics = side.get("/metrics")
+        assert metrics.headers["content-type"] == main.get("/metrics").headers["content-type"]
+        assert "gpuslice_cache_synced 1.0" in metrics.text  # the /readyz above set the shared gauge
+        # The verbs are not served there.
+        assert side.post("/filter", content=b"{}").status_code == 404
+        assert side.get("/filter").status_code == 404
+
+
+def test_metrics_app_has_no_lifespan() -> None:
+    service = Lifespan()
+    with TestClient(apps.create_metrics_app(_deps(service))) as side:
+        assert side.get("/healthz").text == "ok"
+    assert service.entered == 0
+
+
+# ----------------------------------------------------------------------------- both listeners
+
+
+def test_mtls_listener_and_plain_metrics_listener_stop_together_on_sigterm(
+    certs: pki.Pki, ports: tuple[int, int]
+) -> None:
+    settings = _settings(ports, certs)
+    service = Lifespan()
+    main, side = _servers(settings, _deps(service))
+    seen: dict[str, object] = {}
+
+    async def while_serving() -> None:
+        seen["readyz"] = await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[1]}/readyz")
+        seen["metrics"] = await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[1]}/metrics")
+        for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
+            seen[f"with-cert {version.name}"] = await asyncio.to_thread(
+                _tls_get, ports[0], certs.ca, (certs.client_cert, certs.client_key), version
+            )
+        for name, client in (("no-cert", None), ("stranger", (certs.stranger_cert, certs.stranger_key))):
+            try:
+                await asyncio.to_thread(_tls_get, ports[0], certs.ca, client, ssl.TLSVersion.TLSv1_2)
+            except ssl.SSLError as err:
+                seen[f"{name} TLSv1_2"] = err
+            seen[f"{name} TLSv1_3"] = await asyncio.to_thread(_tls_get, ports[0], certs.ca, client)
+        # The metrics listener speaks plain HTTP only, the main one TLS only.
+        try:
+            await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[0]}/metrics")
+        except OSError as err:
+            seen["plain-on-main"] = err
+
+    assert _run(main, side, while_serving) == 0
+    metrics = seen["metrics"]
+    assert isinstance(metrics, tuple) and metrics[0] == 200
+    assert "gpuslice_cache_synced 1.0" in metrics[1]  # set by the /readyz just before
+    assert seen["readyz"] == (200, "ok")
+    for version in ("TLSv1_2", "TLSv1_3"):
+        answer = seen[f"with-cert {version}"]
+        assert isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"ok")
+    for name in ("no-cert", "stranger"):
+        # TLS 1.2: the server ends the handshake. TLS 1.3: the client's side of the handshake is
+        # done before the server checks its certificate; the server closes without an answer.
+        assert isinstance(seen[f"{name} TLSv1_2"], ssl.SSLError)
+        assert seen[f"{name} TLSv1_3"] == b""
+    assert "plain-on-main" in seen
+    # Both stopped, the services entered once (main listener's lifespan only) and left.
+    assert _refused(ports[0]) and _refused(ports[1])
+    assert (service.entered, service.exited) == (1, 1)
+
+
+def test_sigterm_without_a_metrics_listener(ports: tuple[int, int]) -> None:
+    settings = config.validate({"listen": f"127.0.0.1:{ports[0]}"})
+    service = Lifespan()
+    main, side = _servers(settings, _deps(service), metrics=False)
+    got: list[tuple[int, str]] = []
+
+    async def while_serving() -> None:
+        got.append(await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[0]}/healthz"))
+
+    assert _run(main, side, while_serving) == 0
+    assert got == [(200, "ok")] and _refused(ports[0]) and (service.entered, service.exited) == (1, 1)
+
+
+@contextlib.contextmanager
+def _occupied(port: int) -> Iterator[None]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        yield
+
+
+def test_metrics_port_in_use_fails_before_any_service_starts(ports: tuple[int, int]) -> None:
+    service = Lifespan()
+    main, side = _servers(_settings(ports), _deps(service))
+    with _occupied(ports[1]):
+        assert _run(main, side) == 1
+    assert not main.started and service.entered == 0 and _refused(ports[0])
+
+
+def test_main_port_in_use_stops_the_metrics_listener(ports: tuple[int, int]) -> None:
+    service = Lifespan()
+    main, side = _servers(_settings(ports), _deps(service))
+    with _occupied(ports[0]):
+        assert _run(main, side) == 1
+    assert side is not None and side.started and _refused(ports[1])
+    assert service.entered == service.exited  # uvicorn ran the lifespan down again
+
+
+def test_lifespan_failure_stops_the_metrics_listener(ports: tuple[int, int]) -> None:
+    main, side = _servers(_settings(ports), _deps(Lifespan(fail=True)))
+    assert _run(main, side) == 1
+    assert side is not None and side.started and _refused(ports[1]) and _refused(ports[0])
+
+
+def test_main_listener_requires_client_certificates(certs: pki.Pki, ports: tuple[int, int]) -> None:
+    main_config = serve.listener_config(
+        _settings(ports, certs), apps.create_app(_deps(Lifespan())), "127.0.0.1", ports[0], main=True
+    )
+    main_config.load()
+    assert main_config.ssl is not None and main_config.ssl.verify_mode == ssl.CERT_REQUIRED
+    side_config = serve.listener_config(
+        _settings(ports, certs), apps.create_metrics_app(_deps(Lifespan())), "127.0.0.1", ports[1], main=False
+    )
+    side_config.load()
+    assert side_config.ssl is None and side_config.lifespan == "off"
