@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 POLICIES ?= random,dotprod,clustering,packing,bestfit,fgd,fgd-lookahead
 SEEDS ?= 42-51
 
-.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos control-plane bench clean
+.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos control-plane helm chart-docs bench clean
 
 venv: $(STAMP)
 
@@ -36,12 +36,22 @@ test-unit: $(STAMP)
 control-plane:
 	bash hack/control-plane/build.sh
 
-test-integration: $(STAMP) control-plane
+# helm for the chart tests, built from the Go module proxy at a pinned version (cached like the control plane)
+helm:
+	bash hack/helm/build.sh
+
+# README's values table from charts/gpuslice/values.yaml (tests/integration/test_chart.py checks it)
+chart-docs: $(STAMP)
+	$(PY) -m gpuslice.devcluster.chartvalues charts/gpuslice/values.yaml README.md
+
+test-integration: $(STAMP) control-plane helm
 	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
+	GPUSLICE_HELM=$$(bash hack/helm/build.sh | tail -1) \
 	  $(PY) -m pytest tests/integration -m integration -q
 
-test-e2e: $(STAMP) control-plane
+test-e2e: $(STAMP) control-plane helm
 	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
+	GPUSLICE_HELM=$$(bash hack/helm/build.sh | tail -1) \
 	  $(PY) -m pytest tests/e2e -m e2e -q
 
 test-chaos: $(STAMP) control-plane

@@ -1,0 +1,143 @@
+"""The Helm chart from tests: find ``helm``, render the chart, and send its objects to an apiserver.
+
+``helm`` is built from the Go module proxy at a pinned version by ``hack/helm/build.sh`` (the last
+line it prints is the binary); ``$GPUSLICE_HELM`` names a prebuilt one. ``resource_path`` maps a
+rendered object to its REST path for the kinds the chart renders (plus the CRD-backed ones the
+optional values add), so tests can POST them, for real or as a server-side dry run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuslice.devcluster import controlplane
+
+CHART_DIR = controlplane.REPO_ROOT / "charts" / "gpuslice"
+BUILD_SCRIPT = controlplane.REPO_ROOT / "hack" / "helm" / "build.sh"
+
+# kind -> (API prefix, plural, namespaced)
+_KINDS: dict[str, tuple[str, str, bool]] = {
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "Secret": ("/api/v1", "secrets", True),
+    "Service": ("/api/v1", "services", True),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "MutatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "mutatingwebhookconfigurations",
+        False,
+    ),
+    "ValidatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingwebhookconfigurations",
+        False,
+    ),
+    "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors", True),
+    "Certificate": ("/apis/cert-manager.io/v1", "certificates", True),
+    "Issuer": ("/apis/cert-manager.io/v1", "issuers", True),
+}
+
+
+class ChartError(RuntimeError):
+    """helm failed, or a rendered object is of a kind this module does not know."""
+
+
+def helm_binary() -> Path:
+    """``$GPUSLICE_HELM``, else the binary ``hack/helm/build.sh`` builds (or finds cached).
+
+    Raises:
+        ChartError: the build failed.
+    """
+    override = os.environ.get("GPUSLICE_HELM")
+    if override:
+        return Path(override)
+    proc = subprocess.run(  # noqa: S603 - fixed script path from this repository
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, check=False
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise ChartError(f"{BUILD_SCRIPT} failed with exit status {proc.returncode}")
+    return Path(lines[-1])
+
+
+def set_args(values: Mapping[str, object]) -> list[str]:
+    """``--set-json key=value`` arguments (JSON keeps types: ``3`` stays a number, ``"3"`` a string)."""
+    out: list[str] = []
+    for key, value in values.items():
+        out += ["--set-json", f"{key}={json.dumps(value)}"]
+    return out
+
+
+def helm(*args: str, chart: Path = CHART_DIR) -> str:
+    """Run ``helm <args> <chart>``; returns stdout.
+
+    Raises:
+        ChartError: helm exited non-zero (its stderr is in the message).
+    """
+    proc = subprocess.run(  # noqa: S603 - our helm binary and arguments
+        [str(helm_binary()), *args], capture_output=True, text=True, check=False, cwd=chart.parent
+    )
+    if proc.returncode != 0:
+        raise ChartError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
+    return proc.stdout
+
+
+def template(
+    values: Mapping[str, object] = {},  # noqa: B006 - read only
+    *,
+    release: str = "gpuslice",
+    namespace: str = "gpuslice-system",
+    chart: Path = CHART_DIR,
+) -> list[dict[str, Any]]:
+    """``helm template`` with ``values``; the rendered objects in order."""
+    text = helm("template", release, str(chart), "--namespace", namespace, *set_args(values), chart=chart)
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def lint(values: Mapping[str, object] = {}, *, chart: Path = CHART_DIR) -> str:  # noqa: B006
+    """``helm lint --strict`` output (raises ChartError when it fails)."""
+    return helm("lint", "--strict", str(chart), *set_args(values), chart=chart)
+
+
+def resource_path(obj: Mapping[str, Any], namespace: str | None = None) -> str:
+    """The collection path to POST ``obj`` to (``namespace`` overrides its own).
+
+    Raises:
+        ChartError: a kind the chart is not known to render.
+    """
+    kind = str(obj.get("kind"))
+    if kind not in _KINDS:
+        raise ChartError(f"no REST path known for kind {kind!r}")
+    prefix, plural, namespaced = _KINDS[kind]
+    if not namespaced:
+        return f"{prefix}/{plural}"
+    ns = namespace or obj.get("metadata", {}).get("namespace") or "default"
+    return f"{prefix}/namespaces/{ns}/{plural}"
+
+
+def find(objects: Sequence[Mapping[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    """The one rendered object of ``kind`` whose name ends with ``name_suffix``.
+
+    Raises:
+        ChartError: none or several match.
+    """
+    hits = [
+        dict(o) for o in objects if o.get("kind") == kind and str(o["metadata"]["name"]).endswith(name_suffix)
+    ]
+    if len(hits) != 1:
+        names = [o["metadata"]["name"] for o in objects if o.get("kind") == kind]
+        raise ChartError(f"expected one {kind} named *{name_suffix}, found {len(hits)} among {names}")
+    return hits[0]
