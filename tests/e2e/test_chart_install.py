@@ -380,3 +380,51 @@ def test_the_extender_requires_the_chart_client_certificate(install: Install) ->
         key.write_text(client["tls.key"])
         ctx.load_cert_chain(cert, key)
     assert _get(urllib.request.HTTPSHandler(context=ctx), f"https://127.0.0.1:{port}/healthz")[0] == 200
+
+
+def test_standalone_mode_leads_with_its_own_lease(install: Install, tmp_path: Path) -> None:
+    """``scheduler.enabled=false``: gpuslice alone, holding its own Lease with its rendered account;
+    ready (the Service's signal that this replica takes calls) only once it leads."""
+    cp, release, namespace = install.cp, "sa", "gpuslice-standalone"
+    metrics, extender = _free_ports(2)
+    values: dict[str, object] = {
+        "scheduler.enabled": False,
+        "webhook.enabled": False,
+        "agent.enabled": False,
+        "extender.port": extender,
+        "extender.metricsPort": metrics,
+    }
+    objects = chart.template(values, release=release, namespace=namespace)
+    status, body = cp.api_request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    assert status == 201, body
+    for obj in objects:
+        status, body = cp.api_request("POST", chart.resource_path(obj), obj)
+        assert status == 201, f"{obj['kind']}/{obj['metadata']['name']}: {body}"
+    deployment = chart.find(objects, "Deployment", f"{release}-gpuslice")
+    assert [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]] == ["gpuslice"]
+    runner = podrun.PodRunner(
+        cp, objects, tmp_path, {"gpuslice": str(REPO_ROOT / ".venv" / "bin" / "gpuslice")}
+    )
+    try:
+        install.pods.append(
+            runner.start(
+                podrun.pod_template_of(deployment),
+                namespace=namespace,
+                pod_name=f"{release}-gpuslice-a1",
+                node_name="cp-0",
+            )
+        )
+        install.wait(lambda: install.http(metrics, "/readyz")[0] == 200, 60, "standalone extender never led")
+        status, lease = cp.api_request(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{release}-gpuslice"
+        )
+        assert status == 200 and lease["spec"]["holderIdentity"].startswith(f"{release}-gpuslice-a1"), lease
+        user = f"system:serviceaccount:{namespace}:{release}-gpuslice-scheduler"
+        calls = [e for e in install.audit_events() if e["user"]["username"] == user]
+        assert calls, "no API call under the standalone account"
+        refused = [
+            f"{e['verb']} {e['requestURI']}" for e in calls if e.get("responseStatus", {}).get("code") == 403
+        ]
+        assert not refused, refused
+    finally:
+        runner.stop_all()
