@@ -15,7 +15,11 @@ reaches the host's mount table or files (``mount_namespaces(7)``):
    not show them). The ancestor ``/`` is refused;
 4. mount points are created and the volumes bound in order of path depth (as containerd sorts
    them), a path under an earlier mount point being created inside that volume;
-5. read-only mounts are remounted ``ro`` last, after everything below them exists.
+5. host directories the container's program needs (``keep``: the local executable's tree, the
+   repository and Python installation it runs from) are bound back at their own paths when a
+   volume hides them, e.g. an ``emptyDir`` on ``/tmp`` over a checkout under ``/tmp`` (an image
+   brings its own files; here they come from the host);
+6. read-only mounts are remounted ``ro`` last, after everything below them exists.
 
 Paths are resolved through symlinks first (``/var/run`` -> ``/run``), as runc resolves a mount
 destination.
@@ -129,6 +133,7 @@ def plan_mounts(
     resolve: Callable[[str], str],
     mount_points: Collection[str],
     working_dir: str = "/",
+    keep: Sequence[str] = (),
 ) -> MountPlan:
     """Plan the mounts of one container.
 
@@ -138,6 +143,8 @@ def plan_mounts(
         resolve: resolves symlinks in a path (``os.path.realpath``), missing tails kept.
         mount_points: the host's mount points (``/proc/self/mountinfo``).
         working_dir: the container's ``workingDir``; created (like a mount point) if missing.
+        keep: host directories that must stay visible at their own paths (bound back, with
+            their mount point created inside the volume, when a volume mount covers them).
 
     Returns:
         The plan; ``render_script`` turns it into shell.
@@ -172,6 +179,14 @@ def plan_mounts(
             ancestors.append(_ancestor(path, kind_of, f"mountPath {req.target}"))
         binds.append(Bind(path, pins[req.volume], req.sub_path, req.is_file, create, req.read_only))
         bound.append((path, source))
+    for host in sorted({posixpath.normpath(resolve(k)) for k in keep}, key=_depth):
+        if not any(host != target and _under(host, target) for target, _ in bound):
+            continue
+        if host not in pins:
+            pins[host] = len(pin_list)
+            pin_list.append((host, False))
+        binds.append(Bind(host, pins[host], "", False, True, False))
+        bound.append((host, host))
     make_dirs: list[str] = []
     if not working_dir.startswith("/"):
         raise PodSpecError(f"workingDir {working_dir!r} must be absolute")

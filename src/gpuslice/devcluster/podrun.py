@@ -46,6 +46,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -57,7 +58,7 @@ from urllib.parse import quote
 import msgspec
 
 from gpuslice.devcluster import podenv, podmounts, podvolumes
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice.devcluster.controlplane import REPO_ROOT, ControlPlane
 from gpuslice.devcluster.podenv import PodSpecError
 
 log = logging.getLogger(__name__)
@@ -558,6 +559,7 @@ class PodRunner:
             resolve=os.path.realpath,
             mount_points=host_mount_points(),
             working_dir=working_dir,
+            keep=(os.path.dirname(os.path.dirname(exe)), str(REPO_ROOT), sys.base_prefix, sys.prefix),
         )
         scratch = self.workdir / pod.name / "ns" / name
         script = podmounts.render_script(

@@ -614,3 +614,29 @@ def test_script_pins_overlays_binds_then_remounts_read_only() -> None:
     assert [lines.index(line) for line in order] == sorted(lines.index(line) for line in order)
     last = shlex.split(lines[-1])
     assert last == ["exec", "/bin/env", "-i", "--", "A=it's", "CONF_a.yaml=x", "$0", "$@", "</dev/null"]
+
+
+def test_a_kept_host_directory_hidden_by_a_volume_is_bound_back() -> None:
+    """An emptyDir on /tmp must not hide a checkout under /tmp that the container's program runs from."""
+    kept = podmounts.plan_mounts(
+        [MountRequest("/tmp", "/tmp/work/vol-a")],
+        kind_of=HOST.kind_of,
+        resolve=HOST.resolve,
+        mount_points=MOUNT_POINTS,
+        keep=["/tmp/work", "/usr", "/tmp"],
+    )
+    # /usr is not under a volume and /tmp is the mount point itself: only /tmp/work comes back.
+    assert kept.pins == (("/tmp/work/vol-a", False), ("/tmp/work", False))
+    assert kept.binds[-1] == podmounts.Bind("/tmp/work", 1, "", False, True, False)
+    script = podmounts.render_script(
+        kept,
+        scratch="/s",
+        tools={"mount": "mount", "mkdir": "mkdir", "touch": "touch", "env": "env"},
+        working_dir="/",
+        env={},
+    )
+    assert (
+        script.index("mount --bind p0 /tmp")
+        < script.index("mkdir -p /tmp/work")
+        < script.index("mount --bind p1 /tmp/work")
+    )
