@@ -3,8 +3,11 @@ client certificate signed by the CA, and a client certificate signed by another 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
+import socket
+import ssl
 import subprocess
 from pathlib import Path
 
@@ -74,3 +77,30 @@ def make(directory: Path) -> Pki:
         stranger_cert=directory / "stranger.crt",
         stranger_key=directory / "stranger.key",
     )
+
+
+def tls_get(
+    port: int,
+    ca: Path,
+    client: tuple[Path, Path] | None,
+    path: str = "/healthz",
+    version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3,
+) -> bytes:
+    """GET ``path`` over TLS (certificate verified against ``ca``); the raw answer.
+
+    Raises:
+        ssl.SSLError: the handshake failed.
+    """
+    context = ssl.create_default_context(cafile=str(ca))
+    context.minimum_version = context.maximum_version = version
+    if client is not None:
+        context.load_cert_chain(str(client[0]), str(client[1]))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        tls = context.wrap_socket(raw, server_hostname="127.0.0.1")  # the handshake
+        with tls:
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+            answer = b""
+            with contextlib.suppress(ssl.SSLError, ConnectionResetError):  # closed instead of answered
+                while chunk := tls.recv(65536):
+                    answer += chunk
+            return answer

@@ -18,6 +18,7 @@ Secrets. The Grafana dashboard's metric names are checked against the live ``/me
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import socket
@@ -76,8 +77,6 @@ class Install:
         self.ca = self.secret_data(f"{FULLNAME}-tls")["ca.crt"]
 
     def secret_data(self, name: str) -> dict[str, str]:
-        import base64
-
         secret = chart.find(self.objects, "Secret", name)
         return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
 
@@ -187,30 +186,13 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
         deployment = chart.find(objects, "Deployment", FULLNAME)
         webhook = chart.find(objects, "Deployment", f"{FULLNAME}-webhook")
         agent = chart.find(objects, "DaemonSet", f"{FULLNAME}-agent")
-        inst.pods.append(
-            runner.start(
-                podrun.pod_template_of(agent),
-                namespace=NAMESPACE,
-                pod_name=f"{FULLNAME}-agent-x1",
-                node_name=NODE,
-            )
-        )
-        inst.pods.append(
-            runner.start(
-                podrun.pod_template_of(webhook),
-                namespace=NAMESPACE,
-                pod_name=f"{FULLNAME}-webhook-w1",
-                node_name="cp-0",
-            )
-        )
-        inst.pods.append(
-            runner.start(
-                podrun.pod_template_of(deployment),
-                namespace=NAMESPACE,
-                pod_name=f"{FULLNAME}-s1",
-                node_name="cp-0",
-            )
-        )
+        for obj, pod_name, node in (
+            (agent, f"{FULLNAME}-agent-x1", NODE),
+            (webhook, f"{FULLNAME}-webhook-w1", "cp-0"),
+            (deployment, f"{FULLNAME}-s1", "cp-0"),
+        ):
+            template = podrun.pod_template_of(obj)
+            inst.pods.append(runner.start(template, namespace=NAMESPACE, pod_name=pod_name, node_name=node))
         inst.wait(lambda: inst.https(ports["webhook"], "/readyz")[0] == 200, 60, "webhook not ready")
         inst.wait(lambda: inst.http(ports["metrics"], "/readyz")[0] == 200, 60, "extender not ready")
         inst.wait(lambda: inst.http(ports["agent"], "/healthz")[0] == 200, 60, "agent not healthy")

@@ -74,33 +74,6 @@ def kube_scheduler(cluster: Cluster, config_yaml: str, work: Path) -> Iterator[s
                 proc.wait()
 
 
-def tls_get(
-    port: int,
-    ca: Path,
-    client: tuple[Path, Path] | None,
-    path: str = "/healthz",
-    version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3,
-) -> bytes:
-    """GET ``path`` over TLS (certificate verified against ``ca``); the raw answer.
-
-    Raises:
-        ssl.SSLError: the handshake failed.
-    """
-    context = ssl.create_default_context(cafile=str(ca))
-    context.minimum_version = context.maximum_version = version
-    if client is not None:
-        context.load_cert_chain(str(client[0]), str(client[1]))
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        tls = context.wrap_socket(raw, server_hostname="127.0.0.1")  # the handshake
-        with tls:
-            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
-            answer = b""
-            with contextlib.suppress(ssl.SSLError, ConnectionResetError):  # closed instead of answered
-                while chunk := tls.recv(65536):
-                    answer += chunk
-            return answer
-
-
 def plain_get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback URL
         return int(resp.status), resp.read().decode()
@@ -145,13 +118,13 @@ def test_client_without_certificate_is_refused_in_the_handshake(
     port = mtls_extender.port
     client = (certs.client_cert, certs.client_key)
     for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
-        assert tls_get(port, certs.ca, client, version=version).startswith(b"HTTP/1.1 200 ")
+        assert pki.tls_get(port, certs.ca, client, version=version).startswith(b"HTTP/1.1 200 ")
     for who in (None, (certs.stranger_cert, certs.stranger_key)):  # none, or one from another CA
         with pytest.raises(ssl.SSLError):
-            tls_get(port, certs.ca, who, version=ssl.TLSVersion.TLSv1_2)
+            pki.tls_get(port, certs.ca, who, version=ssl.TLSVersion.TLSv1_2)
         # TLS 1.3: the client's half of the handshake ends before the server checks its
         # certificate; the server then closes the connection without a byte of HTTP.
-        assert tls_get(port, certs.ca, who) == b""
+        assert pki.tls_get(port, certs.ca, who) == b""
 
 
 def test_metrics_over_plain_http_while_the_main_port_wants_a_certificate(
@@ -164,8 +137,8 @@ def test_metrics_over_plain_http_while_the_main_port_wants_a_certificate(
     assert status == 200 and "gpuslice_cache_synced 1.0" in text  # start() waited for /readyz there
     assert plain_get(base + "/healthz") == (200, "ok") and plain_get(base + "/readyz") == (200, "ok")
     # The main port: /metrics only with a client certificate, and no plain HTTP at all.
-    assert tls_get(mtls_extender.port, certs.ca, None, "/metrics") == b""
-    answer = tls_get(mtls_extender.port, certs.ca, (certs.client_cert, certs.client_key), "/metrics")
+    assert pki.tls_get(mtls_extender.port, certs.ca, None, "/metrics") == b""
+    answer = pki.tls_get(mtls_extender.port, certs.ca, (certs.client_cert, certs.client_key), "/metrics")
     assert answer.startswith(b"HTTP/1.1 200 ") and b"gpuslice_leader" in answer
     with pytest.raises(OSError):
         plain_get(f"http://127.0.0.1:{mtls_extender.port}/metrics")

@@ -9,7 +9,6 @@ optional values add), so tests can POST them, for real or as a server-side dry r
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -59,18 +58,9 @@ def helm_binary() -> Path:
     """``$GPUSLICE_HELM``, else the binary ``hack/helm/build.sh`` builds (or finds cached).
 
     Raises:
-        ChartError: the build failed.
+        ControlPlaneError: the build failed.
     """
-    override = os.environ.get("GPUSLICE_HELM")
-    if override:
-        return Path(override)
-    proc = subprocess.run(  # noqa: S603 - fixed script path from this repository
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, check=False
-    )
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise ChartError(f"{BUILD_SCRIPT} failed with exit status {proc.returncode}")
-    return Path(lines[-1])
+    return controlplane.built_path(BUILD_SCRIPT, "GPUSLICE_HELM")
 
 
 def set_args(values: Mapping[str, object]) -> list[str]:
@@ -96,20 +86,22 @@ def helm(*args: str, chart: Path = CHART_DIR) -> str:
 
 
 def template(
-    values: Mapping[str, object] = {},  # noqa: B006 - read only
+    values: Mapping[str, object] | None = None,
     *,
     release: str = "gpuslice",
     namespace: str = "gpuslice-system",
     chart: Path = CHART_DIR,
 ) -> list[dict[str, Any]]:
     """``helm template`` with ``values``; the rendered objects in order."""
-    text = helm("template", release, str(chart), "--namespace", namespace, *set_args(values), chart=chart)
+    text = helm(
+        "template", release, str(chart), "--namespace", namespace, *set_args(values or {}), chart=chart
+    )
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
-def lint(values: Mapping[str, object] = {}, *, chart: Path = CHART_DIR) -> str:  # noqa: B006
+def lint(values: Mapping[str, object] | None = None, *, chart: Path = CHART_DIR) -> str:
     """``helm lint --strict`` output (raises ChartError when it fails)."""
-    return helm("lint", "--strict", str(chart), *set_args(values), chart=chart)
+    return helm("lint", "--strict", str(chart), *set_args(values or {}), chart=chart)
 
 
 def resource_path(obj: Mapping[str, Any], namespace: str | None = None) -> str:

@@ -82,6 +82,24 @@ def pinned_versions() -> dict[str, str]:
     return versions
 
 
+def built_path(script: Path, override_env: str) -> Path:
+    """``$override_env`` when set, else the last line ``script`` prints (it builds what is not cached).
+
+    Raises:
+        ControlPlaneError: the script failed or printed nothing.
+    """
+    override = os.environ.get(override_env)
+    if override:
+        return Path(override)
+    proc = subprocess.run(  # noqa: S603 - fixed script path from this repository
+        ["bash", str(script)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, check=False
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise ControlPlaneError(f"{script} failed with exit status {proc.returncode}")
+    return Path(lines[-1])
+
+
 def binaries_dir() -> Path:
     """Return the directory holding ``etcd``, ``kube-apiserver`` and ``kube-scheduler``.
 
@@ -95,21 +113,7 @@ def binaries_dir() -> Path:
     Raises:
         ControlPlaneError: If the build fails or a binary is missing.
     """
-    override = os.environ.get("GPUSLICE_CONTROL_PLANE_BIN")
-    if override:
-        bin_dir = Path(override)
-    else:
-        proc = subprocess.run(  # noqa: S603 - fixed script path from this repository
-            ["bash", str(BUILD_SCRIPT)],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            check=False,
-        )
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit status {proc.returncode}")
-        bin_dir = Path(lines[-1])
+    bin_dir = built_path(BUILD_SCRIPT, "GPUSLICE_CONTROL_PLANE_BIN")
     missing = [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
     if missing:
         raise ControlPlaneError(f"{bin_dir} lacks executable {', '.join(missing)}")

@@ -15,7 +15,6 @@ import socket
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
@@ -108,29 +107,6 @@ def _get(url: str, context: ssl.SSLContext | None = None) -> tuple[int, str]:
         return int(resp.status), resp.read().decode()
 
 
-def _tls_get(
-    port: int, ca: Path, client: tuple[Path, Path] | None, version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3
-) -> bytes:
-    """GET /healthz over TLS with (or without) a client certificate; the raw answer.
-
-    Raises:
-        ssl.SSLError: the handshake failed.
-    """
-    context = ssl.create_default_context(cafile=str(ca))
-    context.minimum_version = context.maximum_version = version
-    if client is not None:
-        context.load_cert_chain(str(client[0]), str(client[1]))
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        tls = context.wrap_socket(raw, server_hostname="localhost")  # the handshake
-        with tls:
-            tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-            answer = b""
-            with contextlib.suppress(ssl.SSLError, ConnectionResetError):  # closed instead of answered
-                while chunk := tls.recv(4096):
-                    answer += chunk
-            return answer
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> pki.Pki:
     return pki.make(tmp_path_factory.mktemp("pki"))
@@ -196,14 +172,16 @@ def test_mtls_listener_and_plain_metrics_listener_stop_together_on_sigterm(
         seen["metrics"] = await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[1]}/metrics")
         for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
             seen[f"with-cert {version.name}"] = await asyncio.to_thread(
-                _tls_get, ports[0], certs.ca, (certs.client_cert, certs.client_key), version
+                pki.tls_get, ports[0], certs.ca, (certs.client_cert, certs.client_key), version=version
             )
         for name, client in (("no-cert", None), ("stranger", (certs.stranger_cert, certs.stranger_key))):
             try:
-                await asyncio.to_thread(_tls_get, ports[0], certs.ca, client, ssl.TLSVersion.TLSv1_2)
+                await asyncio.to_thread(
+                    pki.tls_get, ports[0], certs.ca, client, version=ssl.TLSVersion.TLSv1_2
+                )
             except ssl.SSLError as err:
                 seen[f"{name} TLSv1_2"] = err
-            seen[f"{name} TLSv1_3"] = await asyncio.to_thread(_tls_get, ports[0], certs.ca, client)
+            seen[f"{name} TLSv1_3"] = await asyncio.to_thread(pki.tls_get, ports[0], certs.ca, client)
         # The metrics listener speaks plain HTTP only, the main one TLS only.
         try:
             await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[0]}/metrics")
