@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-import msgspec
-
 from gpuslice.codec import errors, goparse, keys
 from gpuslice.model import requests
 
@@ -91,12 +89,7 @@ def card_policy(annotations: Mapping[str, str]) -> str | None:
     return _optional(annotations, keys.GPU_SCHEDULER_POLICY)
 
 
-class ScoringWeights(msgspec.Struct, frozen=True, kw_only=True):
-    """Card-score weights from ``hami.io/device-scoring-weights`` (HAMi's default is 1, 1, 1)."""
-
-    slot: float = 1.0
-    core: float = 1.0
-    memory: float = 1.0
+ScoringWeights = requests.ScoringWeights
 
 
 def scoring_weights(annotations: Mapping[str, str]) -> ScoringWeights | None:

@@ -17,14 +17,18 @@ import numpy as np
 
 from gpuslice.extender import logs, view
 from gpuslice.model import nodes, requests, status
-from gpuslice.policy import batch, fit, registry, shares
+from gpuslice.policy import batch, chains, fit, registry, shares
 
 FEASIBLE = "Feasible"
 
 
 @dataclasses.dataclass(frozen=True)
 class Policies:
-    """Every registered policy built once at startup, and the configured defaults."""
+    """Every registered policy built once at startup, and the configured defaults.
+
+    The card default and ``hami.io/gpu-scheduler-policy`` may also be HAMi chains
+    (``binpack,numa``, ``mutex``; ``policy.chains``), built on first use and kept.
+    """
 
     by_name: Mapping[str, registry.Policy]
     node_default: str
@@ -34,7 +38,7 @@ class Policies:
     def build(cls, node_default: str, card_default: str) -> Policies:
         """Build all registered policies (unknown defaults raise ``UnknownPolicyError``)."""
         built = {name: registry.get(name) for name in registry.names()}
-        registry.get(node_default), registry.get(card_default)
+        registry.get(node_default), chains.card_policy(card_default)
         return cls(built, node_default, card_default)
 
     def node(self, pod: requests.PodRequest) -> registry.Policy | None:
@@ -45,10 +49,16 @@ class Policies:
         """The pod's card policy (per-pod override first), bound to the pod; None if unknown.
 
         Binding it to the pod gives pod-aware card rules (FGD weighs the host CPU the pod takes
-        too) the same view the simulator gives them; other policies are unaffected.
+        too) the same view the simulator gives them; chains need no pod and are not wrapped.
         """
-        policy = self.by_name.get(pod.card_policy or self.card_default)
-        return None if policy is None else shares.PodBound(policy, pod)
+        name = pod.card_policy or self.card_default
+        policy = self.by_name.get(name)
+        if policy is None:
+            try:
+                return chains.card_policy(name)
+            except registry.UnknownPolicyError:
+                return None
+        return shares.PodBound(policy, pod)
 
 
 def candidate_step(policy: registry.Policy | None, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:

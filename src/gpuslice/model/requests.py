@@ -22,6 +22,11 @@ class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
         memory_percentage: percent of each card's registered memory, or
             ``MEMORY_PERCENTAGE_UNSET`` when ``memory_mib`` applies.
         cores: percent of each card's SMs; values above 100 are clamped to 100 at fit.
+
+    A request for 100 cores asks for every SM of an unscaled card. HAMi's exclusive rule
+    (``pkg/device/nvidia/device.go`` ``Fit``) only applies on a card that registers exactly 100
+    cores: there such a request needs a card nobody uses. On a core-scaled card (``devcore`` 200)
+    it is an ordinary 100-core share (``policy.cards`` holds the rule).
     """
 
     count: int
@@ -42,8 +47,22 @@ class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def exclusive(self) -> bool:
-        """True for a whole-card request (100 cores): the card must be idle."""
+        """True for a whole-card request (100 cores, all SMs of an unscaled card)."""
         return self.cores_clamped >= 100
+
+
+class ScoringWeights(msgspec.Struct, frozen=True, kw_only=True):
+    """Card-score weights from ``hami.io/device-scoring-weights`` (HAMi's default is 1, 1, 1).
+
+    Attributes:
+        slot: weight of the card's slot usage.
+        core: weight of its core usage.
+        memory: weight of its memory usage.
+    """
+
+    slot: float = 1.0
+    core: float = 1.0
+    memory: float = 1.0
 
 
 class Selectors(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,7 +101,9 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
         init_count: how many of ``containers`` are init containers.
         selectors: card constraints.
         node_policy: per-pod node policy override (``hami.io/node-scheduler-policy``), or None.
-        card_policy: per-pod card policy override (``hami.io/gpu-scheduler-policy``), or None.
+        card_policy: per-pod card policy override (``hami.io/gpu-scheduler-policy``, possibly a
+            comma chain such as ``binpack,numa``), or None.
+        scoring_weights: per-pod card-score weights (``hami.io/device-scoring-weights``), or None.
         cpu_milli: host CPU request (tracked only by the simulator).
         memory_mib: host memory request (tracked only by the simulator).
     """
@@ -95,6 +116,7 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
     selectors: Selectors = NO_SELECTORS
     node_policy: str | None = None
     card_policy: str | None = None
+    scoring_weights: ScoringWeights | None = None
     cpu_milli: int = 0
     memory_mib: int = 0
 

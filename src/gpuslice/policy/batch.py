@@ -93,7 +93,9 @@ def evaluate(
     if req is not None and cols is not None:
         rows = cols.rows(names)
         known = rows >= 0
-        feasible, keys = vectorfit.judge(cols, np.where(known, rows, 0), pod, req, quota)
+        feasible, keys = vectorfit.judge(
+            cols, np.where(known, rows, 0), pod, req, quota, registry.idle_only(card_policy)
+        )
         feasible &= known
         keys[~known] = _UNKNOWN
         bad = np.flatnonzero(~feasible)

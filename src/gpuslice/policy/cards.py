@@ -1,6 +1,7 @@
 """Per-card eligibility: the one reason a card cannot take a container's request, or None.
 
-Checks run in a fixed order and the first failing one names the card's reason:
+Checks run in HAMi's order (``pkg/device/nvidia/device.go`` ``Fit``) and the first failing one
+names the card's reason:
 
 1. ``DEVICE_UNHEALTHY`` - the card reported a fault.
 2. ``DEVICE_CORDONED`` - the UUID is in the node's cordon list.
@@ -8,10 +9,14 @@ Checks run in a fixed order and the first failing one names the card's reason:
 4. ``UUID_FILTERED`` - use/nouse UUIDs exclude the card.
 5. ``NUMA_UNSATISFIED`` - a NUMA hint names another NUMA node.
 6. ``GPU_SLOTS_EXHAUSTED`` - every slot is taken.
-7. ``EXCLUSIVE_CONFLICT`` - an exclusive (100-core) request on a card in use, or any request on a
-   card *held exclusively*, i.e. in use with all of its cores taken (HAMi's
-   ``ExclusiveDeviceAllocateConflict`` and ``CardComputeUnitsExhausted``).
+7. ``EXCLUSIVE_CONFLICT`` - the card policy admits only idle cards (``mutex``) and the card is
+   in use.
 8. ``INSUFFICIENT_GPU_MEMORY`` then 9. ``INSUFFICIENT_GPU_CORES``.
+10. ``EXCLUSIVE_CONFLICT`` - a 100-core request on a card that registers exactly 100 cores and is
+    in use (HAMi's ``ExclusiveDeviceAllocateConflict``). On a core-scaled card (``devcore`` 200)
+    100 cores are an ordinary share, as in HAMi.
+11. ``EXCLUSIVE_CONFLICT`` - a request without cores on a card whose cores are all taken (HAMi's
+    ``CardComputeUnitsExhausted``: a 100-core task holds it).
 
 Quota (``QUOTA_EXCEEDED``) is checked by ``fit`` after these, since it depends on the whole pod.
 """
@@ -50,22 +55,29 @@ def static_reason(
 
 
 def held_exclusively(dev: devices.GpuDevice, usage: nodes.CardUsage) -> bool:
-    """True when a card is in use and all of its cores are taken: nothing else may join it."""
-    return usage.slots > 0 and dev.cores > 0 and usage.cores >= dev.cores
+    """True when all of a card's cores are taken: a request without cores may not join it."""
+    return dev.cores > 0 and usage.cores >= dev.cores
 
 
 def capacity_reason(
-    dev: devices.GpuDevice, usage: nodes.CardUsage, memory: int, cores: int, exclusive: bool
+    dev: devices.GpuDevice, usage: nodes.CardUsage, memory: int, cores: int, idle_only: bool = False
 ) -> str | None:
-    """Reasons that depend on what is in use (freeing capacity could help these)."""
+    """Reasons that depend on what is in use (freeing capacity could help these).
+
+    ``cores`` is already clamped to 100; ``idle_only`` is the card policy's ``mutex`` filter.
+    """
     if usage.slots >= dev.split_count:
         return status.GPU_SLOTS_EXHAUSTED
-    if usage.slots > 0 and (exclusive or (dev.cores > 0 and usage.cores >= dev.cores)):
+    if idle_only and usage.slots > 0:
         return status.EXCLUSIVE_CONFLICT
     if dev.memory_mib - usage.memory_mib < memory:
         return status.INSUFFICIENT_GPU_MEMORY
     if dev.cores - usage.cores < cores:
         return status.INSUFFICIENT_GPU_CORES
+    if cores >= devices.FULL_CORES and dev.cores == devices.FULL_CORES and usage.slots > 0:
+        return status.EXCLUSIVE_CONFLICT
+    if cores == 0 and held_exclusively(dev, usage):
+        return status.EXCLUSIVE_CONFLICT
     return None
 
 
@@ -74,13 +86,18 @@ def admits(
 ) -> str | None:
     """Whether a card can take a pod's whole reservation ``add`` on top of ``usage`` (for the cache).
 
-    ``exclusive`` is True when one of the pod's grants on the card asks for the whole card (100
-    cores), which then must be unused; otherwise the reservation must fit memory, cores and
-    ``add.slots`` free slots, and the card must not be held exclusively.
+    ``exclusive`` is True when one of the pod's grants on the card asks for 100 cores: on a card
+    that registers exactly 100 cores it must then be unused. Otherwise the reservation must fit
+    memory, cores and ``add.slots`` free slots, and a reservation without cores may not join a
+    card whose cores are all taken.
     """
     if usage.slots + add.slots > dev.split_count:
         return status.GPU_SLOTS_EXHAUSTED
-    return capacity_reason(dev, usage, add.memory_mib, add.cores, exclusive)
+    cores = devices.FULL_CORES if exclusive else add.cores
+    reason = capacity_reason(dev, usage, add.memory_mib, cores, False)
+    if reason is None and dev.cores - usage.cores < add.cores:
+        return status.INSUFFICIENT_GPU_CORES
+    return reason
 
 
 def mode_matches(card_mode: str, wanted: str | None) -> bool:

@@ -9,7 +9,8 @@ Three arrays, laid out for one gather per request:
 * ``hot`` (rows, K, ``len(HOT_FIELDS)``) int32: what the vectorised filter reads. ``flag`` is
   ``FREE`` (usable, idle), ``SHARED`` (usable, in use) or, for a card no request can take, the
   first reason in ``cards`` order: ``ABSENT``, ``UNHEALTHY``, ``CORDONED``, ``SLOTS_FULL``,
-  ``HELD`` (held exclusively); then free memory, free cores, total memory, total cores, and
+  ``HELD`` (all cores taken: no request is eligible, but its reason depends on the request, so
+  ``vectorfit`` codes it like a card in use); then free memory, free cores, total memory, total cores, and
   ``idle_ok`` (1 when the card would be usable with no usage: healthy, uncordoned, split > 0).
 * ``nodes`` (rows, ``len(ROW_FIELDS)``) int64: per-node sums, host resources, and the node's
   card-pair tables as an index into ``links`` (``linktables``; nodes with equal tables share one).

@@ -47,7 +47,7 @@ class Fill:
     ) -> tuple[int, ...] | None:
         """The fullest (binpack) or emptiest (spread) eligible cards."""
         return usage.choose_by_key(
-            state, request, eligible, self.wm, self.wc, fullest=self.fullest, ctx_weights=ctx.weights
+            state, request, eligible, self.wm, self.wc, fullest=self.fullest, card_weights=ctx.card_weights
         )
 
 

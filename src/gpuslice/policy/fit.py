@@ -4,7 +4,15 @@
 card exactly one reason, then the namespace quota), asks the card policy for ``count`` distinct
 cards (per NUMA node under ``numa_bind``), and turns the choices into an allocation. Init
 containers are each fit on the node as given (they run one at a time); app containers are fit
-cumulatively, each seeing the cards the earlier ones took.
+cumulatively, each seeing the cards the earlier ones took. A card policy that admits only idle
+cards (``mutex``, ``registry.idle_only``) rejects cards in use before any capacity check. The
+pod's ``hami.io/device-scoring-weights`` reach the card policy through ``Context.card_weights``.
+
+The namespace quota is checked card by card with what the cache will charge for the whole pod
+(``allocations.card_reservation``: per card the larger of the init containers' peak and the app
+containers' sum). A container's cost on a card is how much that card's charge grows, so an init
+container of 5000 MiB on one card and an app container of 1500 MiB on another cost 6500 MiB,
+while the same app container on the init container's card costs nothing more.
 
 A failed node gets the dominant card reason(s) of its first failing container (the most frequent
 card reason; ties all kept, in ``status.ALL_REASONS`` order). Node-level reasons come first: host
@@ -24,6 +32,8 @@ The second attempt on the emptied node runs only for failures, so it costs nothi
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from gpuslice.model import allocations, nodes, requests, status
@@ -64,6 +74,8 @@ def place(
     """Fit the pod on the node: an allocation, or why not (see the module docstring)."""
     if quota is not None and quota.unlimited:
         quota = None
+    if pod.scoring_weights is not None and ctx.card_weights != pod.scoring_weights:
+        ctx = dataclasses.replace(ctx, card_weights=pod.scoring_weights)
     out = _attempt(state, pod, card_policy, ctx, quota)
     if not isinstance(out, _Fail):
         return Placement(status.SUCCESS, out)
@@ -71,6 +83,52 @@ def place(
     again = _attempt(empty, pod, card_policy, ctx, None if quota is None else quota.cleared())
     code = status.Code.UNRESOLVABLE if isinstance(again, _Fail) else status.Code.UNSCHEDULABLE
     return Placement(status.Status(code, out.reasons), None, out.card_reasons)
+
+
+class _Charge:
+    """What the pod placed so far costs its namespace, card by card, as the cache will charge it.
+
+    Per card: the init containers' peak and the app containers' sum of memory and cores, and the
+    app containers' slot count; the card's charge is max(init peak, app sum) and max(1, app
+    slots) (``allocations.card_reservation``). A container's cost on a card is what that card's
+    charge grows by, so an app container on the card an init container used can cost nothing.
+    """
+
+    __slots__ = ("cards", "totals")
+
+    def __init__(self) -> None:
+        self.cards: dict[int, tuple[int, int, int, int, int]] = {}
+        self.totals = (0, 0, 0)
+
+    def cost(self, i: int, init: bool, memory: int, cores: int) -> tuple[int, int, int]:
+        """How much card i's charge grows by one more grant of ``memory`` / ``cores``."""
+        old = self.cards.get(i)
+        after = _card_charge(_plus(old, init, memory, cores))
+        if old is None:
+            return after
+        before = _card_charge(old)
+        return after[0] - before[0], after[1] - before[1], after[2] - before[2]
+
+    def add(self, i: int, init: bool, memory: int, cores: int) -> None:
+        """Record one grant on card i."""
+        slots, mem, c = self.cost(i, init, memory, cores)
+        self.cards[i] = _plus(self.cards.get(i), init, memory, cores)
+        t = self.totals
+        self.totals = (t[0] + slots, t[1] + mem, t[2] + c)
+
+
+def _plus(
+    entry: tuple[int, int, int, int, int] | None, init: bool, memory: int, cores: int
+) -> tuple[int, int, int, int, int]:
+    init_mem, init_cores, app_mem, app_cores, app_slots = entry or (0, 0, 0, 0, 0)
+    if init:
+        return max(init_mem, memory), max(init_cores, cores), app_mem, app_cores, app_slots
+    return init_mem, init_cores, app_mem + memory, app_cores + cores, app_slots + 1
+
+
+def _card_charge(entry: tuple[int, int, int, int, int]) -> tuple[int, int, int]:
+    init_mem, init_cores, app_mem, app_cores, app_slots = entry
+    return max(1, app_slots), max(init_mem, app_mem), max(init_cores, app_cores)
 
 
 def _attempt(
@@ -88,7 +146,8 @@ def _attempt(
     ndev = len(inv.devices)
     out: list[allocations.ContainerAllocation] = []
     app_state = state
-    app_quota = quota
+    charge = _Charge() if quota is not None else None
+    idle_only = registry.idle_only(policy)
     last_gpu = max((k for k, c in enumerate(pod.containers) if c is not None and c.count > 0), default=-1)
     for position, req in enumerate(pod.containers):
         if req is None or req.count <= 0:
@@ -100,17 +159,12 @@ def _attempt(
             return _Fail((status.INSUFFICIENT_GPU_COUNT,))
         is_init = position < pod.init_count
         here = state if is_init else app_state
-        q = quota if is_init else app_quota
-        got = _fit_container(here, req, pod.selectors, policy, ctx, q)
+        got = _fit_container(here, req, pod.selectors, policy, ctx, quota, charge, is_init, idle_only)
         if isinstance(got, _Fail):
             return got
         out.append(got)
         if not is_init and position < last_gpu:
             app_state = _take(app_state, got)
-            if app_quota is not None:
-                app_quota = app_quota.plus(
-                    len(got), sum(g.memory_mib for g in got), sum(g.cores for g in got)
-                )
     return allocations.PodAllocation(
         node=inv.name,
         containers=tuple(out),
@@ -127,12 +181,14 @@ def _fit_container(
     policy: registry.Policy,
     ctx: registry.Context,
     quota: quotas.QuotaView | None,
+    charge: _Charge | None,
+    is_init: bool,
+    idle_only: bool,
 ) -> allocations.ContainerAllocation | _Fail:
     inv = state.inventory
     devs = inv.devices
     usage = state.usage
     cores = req.cores_clamped
-    exclusive = req.exclusive
     cordoned = inv.cordoned
     eligible: list[int] = []
     rejected: dict[str, int] = {}
@@ -141,35 +197,83 @@ def _fit_container(
         if req.memory_mib > 0 or req.memory_percentage == requests.MEMORY_PERCENTAGE_UNSET
         else None
     )
+    so_far = None if quota is None or charge is None else quota.plus(*charge.totals)
+    costs: dict[int, tuple[int, int, int]] = {}
     for i, dev in enumerate(devs):
         memory = fixed if fixed is not None else req.memory_on(dev.memory_mib)
         reason = cards.static_reason(dev, cordoned, sel) or cards.capacity_reason(
-            dev, usage[i], memory, cores, exclusive
+            dev, usage[i], memory, cores, idle_only
         )
-        if (
-            reason is None
-            and quota is not None
-            and not quota.admits(req.count, req.count * memory, req.count * cores)
-        ):
-            reason = status.QUOTA_EXCEEDED
         if reason is None:
             eligible.append(i)
+            if charge is not None:
+                costs[i] = charge.cost(i, is_init, memory, cores)
         else:
             rejected[reason] = rejected.get(reason, 0) + 1
+    if so_far is not None:
+        eligible = _within_quota(so_far, eligible, costs, req.count, rejected)
     if len(eligible) < req.count:
         return _dominant(rejected)
     chosen = _choose(state, req, sel, policy, ctx, tuple(eligible))
     if chosen is None:
         reason = status.NUMA_UNSATISFIED if sel.numa_bind else status.INSUFFICIENT_GPU_COUNT
         return _Fail((reason,), _sorted(rejected))
+    if so_far is not None and not so_far.admits(*_sum(costs[i] for i in chosen)):
+        # The policy's favourite set costs too much; the cheapest cards may still fit.
+        cheapest = tuple(
+            sorted(eligible, key=lambda i: (costs[i][1], costs[i][2], costs[i][0], i))[: req.count]
+        )
+        chosen = None
+        if so_far.admits(*_sum(costs[i] for i in cheapest)):
+            chosen = _choose(state, req, sel, policy, ctx, tuple(sorted(cheapest)))
+        if chosen is None:
+            return _Fail((status.QUOTA_EXCEEDED,), ((status.QUOTA_EXCEEDED, req.count),))
     grants = tuple(
         allocations.DeviceGrant(devs[i].uuid, req.memory_on(devs[i].memory_mib), cores) for i in chosen
     )
-    if quota is not None and not quota.admits(
-        len(grants), sum(g.memory_mib for g in grants), len(grants) * cores
-    ):
-        return _Fail((status.QUOTA_EXCEEDED,), ((status.QUOTA_EXCEEDED, len(grants)),))
+    if charge is not None:
+        for i, g in zip(chosen, grants, strict=True):
+            charge.add(i, is_init, g.memory_mib, cores)
     return grants
+
+
+def _sum(costs: Iterable[tuple[int, int, int]]) -> tuple[int, int, int]:
+    slots = memory = cores = 0
+    for c in costs:
+        slots, memory, cores = slots + c[0], memory + c[1], cores + c[2]
+    return slots, memory, cores
+
+
+def _within_quota(
+    so_far: quotas.QuotaView,
+    eligible: list[int],
+    costs: dict[int, tuple[int, int, int]],
+    count: int,
+    rejected: dict[str, int],
+) -> list[int]:
+    """The eligible cards that could be part of a set of ``count`` the quota admits.
+
+    A card qualifies when its own cost plus the ``count - 1`` smallest costs of the other eligible
+    cards (each resource on its own, so a lower bound; missing others count like this card) stays
+    within the quota. When every card costs the same this is exactly "``count`` such cards fit",
+    as ``vectorfit`` judges it; the chosen set is checked exactly.
+    """
+    smallest = [sorted(c[k] for c in costs.values())[:count] for k in range(3)]
+    kept: list[int] = []
+    for i in eligible:
+        own = costs[i]
+        bound = []
+        for k in range(3):
+            others = list(smallest[k])
+            if own[k] in others:
+                others.remove(own[k])
+            others = (others + [own[k]] * count)[: count - 1]  # too few others: as if like this one
+            bound.append(own[k] + sum(others))
+        if so_far.admits(bound[0], bound[1], bound[2]):
+            kept.append(i)
+        else:
+            rejected[status.QUOTA_EXCEEDED] = rejected.get(status.QUOTA_EXCEEDED, 0) + 1
+    return kept
 
 
 def _choose(

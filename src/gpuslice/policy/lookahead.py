@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from gpuslice.policy import fragmentation, registry, shares
 
 MAX_CARDS = 8
-"""Task counts are tracked up to this many per node (more cards than this are still measured)."""
+"""Width of the shared CPU step table: nodes of up to this many cards use it, larger ones their own."""
 
 
 def top_by_type(workload: registry.Workload, coverage: float = fragmentation.COVERAGE) -> registry.Workload:
@@ -48,6 +48,16 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
 
     def __init__(self, workload: registry.Workload, width: int = MAX_CARDS) -> None:
         super().__init__(workload)
+        self._width = width
+        self._steps = self._step_table(width)
+        self._wide: dict[int, list[int]] = {}
+
+    def _step_table(self, width: int) -> list[int]:
+        """The CPU levels that change ``_compute`` on a node of at most ``width`` cards.
+
+        A whole-card shape only asks whether its CPU fits; a sharing shape of CPU c counts up to
+        ``width // count`` tasks, each needing c more, so its levels are c, 2c, ..., width * c.
+        """
         steps = {c for _, c, share, _, _ in self._gpu if share >= shares.FULL}
         steps |= {
             c * j
@@ -55,11 +65,18 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
             if share < shares.FULL and c > 0
             for j in range(1, width + 1)
         }
-        self._steps = sorted(steps)
+        return sorted(steps)
 
     def of(self, model: str, cpu_free: int, free: fragmentation.FreeCards) -> float:
-        """``F_n(M)`` in milli-GPU (memoized on model, the CPU step reached and the sorted cards)."""
-        key = (model if self._typed else "", bisect.bisect_right(self._steps, cpu_free), tuple(sorted(free)))
+        """``F_n(M)`` in milli-GPU (memoized on model, the CPU step reached and the sorted cards).
+
+        The CPU step is exact only up to the table's width in cards, so a node with more cards
+        than ``MAX_CARDS`` is keyed on a table as wide as it: its key's card tuple is longer than
+        any key of the shared table, so the two never meet in the memo.
+        """
+        n = len(free)
+        steps = self._steps if n <= self._width else self._wide_steps(n)
+        key = (model if self._typed else "", bisect.bisect_right(steps, cpu_free), tuple(sorted(free)))
         hit = self._memo.get(key)
         if hit is None:
             hit = self._compute(model, cpu_free, key[2])
@@ -67,6 +84,12 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
                 self._memo.clear()
             self._memo[key] = hit
         return hit
+
+    def _wide_steps(self, n: int) -> list[int]:
+        steps = self._wide.get(n)
+        if steps is None:
+            steps = self._wide[n] = self._step_table(n)
+        return steps
 
     def _compute(self, model: str, cpu_free: int, free: fragmentation.FreeCards) -> float:
         total = sum(free)

@@ -60,15 +60,33 @@ class Context:
         workload: the target workload for fragmentation-aware policies (from the trace in the
             simulator, from recently seen requests in the extender); None = not available.
         rng: random source for the ``random`` policy; None = deterministic (first choice).
-        weights: optional per-policy numeric parameters (e.g. card-score weights).
+        card_weights: the pod's card-score weights (``hami.io/device-scoring-weights``); the
+            usage-ordered card policies (binpack, spread and chains of them) rank cards by HAMi's
+            weighted card score when set. ``fit.place`` fills it in from the pod.
     """
 
     workload: Workload | None = None
     rng: np.random.Generator | None = None
-    weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    card_weights: requests.ScoringWeights | None = None
 
 
 EMPTY_CONTEXT = Context()
+
+
+class Filtered:
+    """Base of card policies that also restrict which cards are eligible (HAMi's filters).
+
+    Attributes:
+        idle_only: only cards no task uses are eligible (HAMi's ``mutex``); a card in use is
+            rejected with ``ExclusiveConflict`` (HAMi's ``ExclusiveDeviceAllocateConflict``).
+    """
+
+    idle_only: bool = False
+
+
+def idle_only(policy: Policy) -> bool:
+    """True when the card policy admits only idle cards."""
+    return isinstance(policy, Filtered) and policy.idle_only
 
 
 class Scored(NamedTuple):

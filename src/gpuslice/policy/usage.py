@@ -14,7 +14,7 @@ Usage of a card = ``w_mem * memory_ratio + w_cores * cores_ratio`` with default 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -68,25 +68,40 @@ def node_usage_score(state: nodes.NodeState, pod: requests.PodRequest, wm: float
     return min(registry.MAX_SCORE, math.floor(registry.MAX_SCORE * u + 0.5))
 
 
-HAMI_KEYS = ("slot", "core", "memory")
-
-
 def hami_card_key(
-    state: nodes.NodeState, i: int, req: requests.ContainerRequest, w: Mapping[str, float]
+    state: nodes.NodeState, i: int, req: requests.ContainerRequest, w: requests.ScoringWeights
 ) -> float:
     """HAMi's card score with ``hami.io/device-scoring-weights``, request terms included.
 
     ``Ws * (used_slots + 1) / slots + Wc * (used_cores + cores) / card_cores
     + Wm * (used_mem + mem) / card_mem`` (a term whose capacity is 0 counts 0). HAMi itself never
-    adds the request terms for NVIDIA cards (hami-protocol.md section 11); gpuslice does.
+    adds the request terms for NVIDIA cards (``pkg/scheduler/policy/gpu_policy.go`` compares the
+    request type ``NVIDIA`` with the model name, so they never match); gpuslice does.
     """
     dev = state.inventory.devices[i]
     u = state.usage[i]
     return (
-        w["slot"] * _ratio(u.slots + 1, dev.split_count)
-        + w["core"] * _ratio(u.cores + req.cores_clamped, dev.cores)
-        + w["memory"] * _ratio(u.memory_mib + req.memory_on(dev.memory_mib), dev.memory_mib)
+        w.slot * _ratio(u.slots + 1, dev.split_count)
+        + w.core * _ratio(u.cores + req.cores_clamped, dev.cores)
+        + w.memory * _ratio(u.memory_mib + req.memory_on(dev.memory_mib), dev.memory_mib)
     )
+
+
+def ranking_key(
+    state: nodes.NodeState,
+    req: requests.ContainerRequest,
+    wm: float,
+    wc: float,
+    card_weights: requests.ScoringWeights | None,
+) -> Callable[[int], float]:
+    """A card's rank key: its usage after the request lands on it.
+
+    HAMi's weighted card score when the pod gives ``card_weights``, else the weighted usage
+    ``card_key``.
+    """
+    if card_weights is not None:
+        return lambda i: hami_card_key(state, i, req, card_weights)
+    return lambda i: card_key(state, i, req, wm, wc)
 
 
 def choose_by_key(
@@ -96,19 +111,12 @@ def choose_by_key(
     wm: float,
     wc: float,
     fullest: bool,
-    ctx_weights: Mapping[str, float] | None = None,
+    card_weights: requests.ScoringWeights | None = None,
 ) -> tuple[int, ...]:
-    """The ``req.count`` fullest (or emptiest) eligible cards; ties by card index.
-
-    When ``ctx_weights`` holds all of ``slot``, ``core`` and ``memory`` (HAMi's per-pod card-score
-    weights), cards are ranked by ``hami_card_key`` instead of the weighted usage.
-    """
+    """The ``req.count`` fullest (or emptiest) eligible cards by ``ranking_key``; ties by card index."""
     sign = -1.0 if fullest else 1.0
-    if ctx_weights and all(k in ctx_weights for k in HAMI_KEYS):
-        w = ctx_weights
-        ranked = sorted(eligible, key=lambda i: (sign * hami_card_key(state, i, req, w), i))
-    else:
-        ranked = sorted(eligible, key=lambda i: (sign * card_key(state, i, req, wm, wc), i))
+    key = ranking_key(state, req, wm, wc, card_weights)
+    ranked = sorted(eligible, key=lambda i: (sign * key(i), i))
     return tuple(ranked[: req.count])
 
 

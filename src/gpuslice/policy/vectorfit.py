@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpuslice.model import requests, status
+from gpuslice.model import devices, requests, status
 from gpuslice.policy import cards, columns, fit
 from gpuslice.policy import quota as quotas
 
@@ -37,13 +37,14 @@ CARD_REASONS = (
 _OK, _ABSENT, _UNHEALTHY, _CORDONED, _TYPE, _NUMA, _SLOTS, _EXCLUSIVE, _MEMORY, _CORES, _QUOTA = range(11)
 _NCODES = 11
 _FLAG_CODE = np.full(max(columns.HELD, columns.SHARED) + 1, _OK, np.int64)
-_FLAG_CODE[[columns.ABSENT, columns.UNHEALTHY, columns.CORDONED, columns.SLOTS_FULL, columns.HELD]] = [
+_FLAG_CODE[[columns.ABSENT, columns.UNHEALTHY, columns.CORDONED, columns.SLOTS_FULL]] = [
     _ABSENT,
     _UNHEALTHY,
     _CORDONED,
     _SLOTS,
-    _EXCLUSIVE,
 ]
+# HELD (all cores taken) starts at _OK: its reason depends on the request (memory, then cores, then
+# the exclusive rule), as in ``cards.capacity_reason``.
 MAX_CARDS = 31
 """Nodes with more cards than this go through ``fit.place`` (the key has 5 bits per count)."""
 _BITS = 5
@@ -97,7 +98,11 @@ class _Masks(NamedTuple):
 
 
 def _masks(
-    cols: columns.NodeColumns, rows: IntArray, pod: requests.PodRequest, req: requests.ContainerRequest
+    cols: columns.NodeColumns,
+    rows: IntArray,
+    pod: requests.PodRequest,
+    req: requests.ContainerRequest,
+    idle_only: bool = False,
 ) -> _Masks:
     """Per-card eligibility (before quota) and the selector masks it used."""
     hot = cols.hot[rows]
@@ -107,7 +112,10 @@ def _masks(
         hot[:, :, 3].astype(np.int64) * req.memory_percentage // 100 if pct else min(req.memory_mib, _I32)
     )
     cores = req.cores_clamped
-    ok = (flag == columns.FREE) if req.exclusive else (flag < columns.BLOCKED)
+    # HELD cards are never eligible: a request with cores finds none free, one without is refused.
+    ok = (flag == columns.FREE) if idle_only else (flag < columns.BLOCKED)
+    if cores >= devices.FULL_CORES:
+        ok &= (flag == columns.FREE) | (hot[:, :, 4] != devices.FULL_CORES)
     ok &= (free_mem >= mem) & (free_cores >= cores)
     sel = pod.selectors
     static_ok: np.ndarray | None = None
@@ -128,10 +136,14 @@ def _masks(
 
 
 def eligible_cards(
-    cols: columns.NodeColumns, rows: IntArray, pod: requests.PodRequest, req: requests.ContainerRequest
+    cols: columns.NodeColumns,
+    rows: IntArray,
+    pod: requests.PodRequest,
+    req: requests.ContainerRequest,
+    idle_only: bool = False,
 ) -> np.ndarray:
     """(rows, K) True where ``fit`` would find the card eligible for ``req`` (quota aside)."""
-    return _masks(cols, rows, pod, req).ok
+    return _masks(cols, rows, pod, req, idle_only).ok
 
 
 def judge(
@@ -140,9 +152,13 @@ def judge(
     pod: requests.PodRequest,
     req: requests.ContainerRequest,
     quota: quotas.QuotaView | None,
+    idle_only: bool = False,
 ) -> tuple[np.ndarray, IntArray]:
-    """Feasibility of the rows, and for infeasible rows the packed outcome key (0 elsewhere)."""
-    hot, ok, static_ok, numa_ok, mem = _masks(cols, rows, pod, req)
+    """Feasibility of the rows, and for infeasible rows the packed outcome key (0 elsewhere).
+
+    ``idle_only`` is the card policy's ``mutex`` filter (``registry.idle_only``).
+    """
+    hot, ok, static_ok, numa_ok, mem = _masks(cols, rows, pod, req, idle_only)
     node = cols.nodes[rows]
     cores = req.cores_clamped
     q = quota if quota is not None and not quota.unlimited else None
@@ -180,11 +196,16 @@ def judge(
         miss = open_ & ~numa_ok[bad]
         code[miss] = _NUMA
         open_ &= ~miss
-    # slots and held-exclusively were set from the flag; the rest only where still _OK
-    if req.exclusive:
-        code[(code == _OK) & (bflag == columns.SHARED)] = _EXCLUSIVE
+    # slots were set from the flag; the rest in ``cards.capacity_reason`` order, only where still _OK
+    used = (bflag == columns.SHARED) | (bflag == columns.HELD)
+    if idle_only:
+        code[(code == _OK) & used] = _EXCLUSIVE
     code[(code == _OK) & (h[:, :, 1] < bmem)] = _MEMORY
     code[(code == _OK) & (h[:, :, 2] < cores)] = _CORES
+    if cores >= devices.FULL_CORES:
+        code[(code == _OK) & used & (h[:, :, 4] == devices.FULL_CORES)] = _EXCLUSIVE
+    if cores == 0:
+        code[(code == _OK) & (bflag == columns.HELD)] = _EXCLUSIVE
     if not quota_ok:
         code[code == _OK] = _QUOTA
     nb = len(bad)

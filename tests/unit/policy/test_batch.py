@@ -7,14 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslice.model import nodes, requests, status
-from gpuslice.policy import batch, columns, fit, quota, registry
+from gpuslice.policy import batch, chains, columns, fit, quota, registry
 from tests.unit.builders import node, pod
 from tests.unit.policy import strategies
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("policy_name", ["binpack", "spread"])
+@pytest.mark.parametrize(
+    ("policy_name", "card_value"),
+    [("binpack", "binpack"), ("spread", "spread"), ("binpack", "mutex"), ("spread", "mutex,binpack,numa")],
+)
 @settings(max_examples=300, deadline=None)
 @given(
     states=st.lists(st.integers(0, 10**6), min_size=1, max_size=6).flatmap(
@@ -36,26 +39,28 @@ pytestmark = pytest.mark.unit
 )
 def test_fast_path_matches_place(
     policy_name: str,
+    card_value: str,
     states: tuple[nodes.NodeState, ...],
     req: requests.PodRequest,
     qv: quota.QuotaView | None,
 ) -> None:
     policy = registry.get(policy_name)
+    card = chains.card_policy(card_value)
     by_name = {s.name: s for s in states}
     cols = columns.build(list(states))
     names = [s.name for s in states] + ["ghost"]
     if batch.fast_request(req, qv) is None:
         qv = None  # percentage requests with a limited quota take the exact path; test without
     assert batch.fast_request(req, qv) is not None
-    ev = batch.evaluate(by_name, cols, names, req, policy, policy, registry.EMPTY_CONTEXT, qv)
-    slow = batch.evaluate(by_name, None, names, req, policy, policy, registry.EMPTY_CONTEXT, qv)
+    ev = batch.evaluate(by_name, cols, names, req, policy, card, registry.EMPTY_CONTEXT, qv)
+    slow = batch.evaluate(by_name, None, names, req, policy, card, registry.EMPTY_CONTEXT, qv)
     for i, name in enumerate(names):
         if name == "ghost":
             assert ev.failures[name][0] == status.Status(
                 status.Code.UNRESOLVABLE, (status.NODE_UNREGISTERED,)
             )
             continue
-        p = fit.place(by_name[name], req, policy, registry.EMPTY_CONTEXT, qv)
+        p = fit.place(by_name[name], req, card, registry.EMPTY_CONTEXT, qv)
         assert bool(ev.feasible[i]) == p.status.ok
         assert bool(slow.feasible[i]) == p.status.ok
         if p.status.ok:

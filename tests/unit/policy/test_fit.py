@@ -100,8 +100,19 @@ FAILS = [
         ((status.GPU_SLOTS_EXHAUSTED, 2),),
     ),
     (
-        "exclusive-request-on-used-card",
+        # HAMi checks cores before the exclusive rule: 100 - 10 free < 100 asked
+        "exclusive-request-on-card-with-cores-used",
         node("n").gpus(1).used(0, memory=10, cores=10).state(),
+        pod().gpu(1, memory=10, cores=100).obj(),
+        None,
+        U,
+        (status.INSUFFICIENT_GPU_CORES,),
+        None,
+    ),
+    (
+        # all 100 cores free, but the card is in use: the exclusive rule refuses it
+        "exclusive-request-on-used-card",
+        node("n").gpus(1).used(0, memory=10, cores=0).state(),
         pod().gpu(1, memory=10, cores=100).obj(),
         None,
         U,

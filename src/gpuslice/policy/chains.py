@@ -1,0 +1,114 @@
+"""Card-policy values as HAMi reads them: one registered policy, or a comma chain of sort keys and filters.
+
+``hami.io/gpu-scheduler-policy`` (and the configured card policy) may name one registered policy
+(``binpack``, ``fgd``, ``topology-aware:lowest-fragmentation``, ...) or, as in HAMi since v2.9
+(``pkg/scheduler/policy/gpu_policy.go``, PR #2621), an ordered comma list of
+
+* **sort keys** ``binpack`` (fullest card first), ``spread`` (emptiest first) and ``numa`` (lowest
+  NUMA node first), compared in the order written, the card index last; and
+* **filters** ``mutex`` (only idle cards are eligible; a card in use fails ``ExclusiveConflict``)
+  and ``topology-aware`` (the container gets the best-connected set of eligible cards, as the
+  ``topology-aware`` policy picks it).
+
+Items are trimmed and duplicates dropped (``"mutex, spread, numa"`` is ``mutex,spread,numa``). A
+chain without a sort key sorts like ``spread`` (HAMi's default). Under ``nvidia.com/numa-bind``
+``fit`` offers the cards one NUMA node at a time, lowest first, which puts ``numa`` first whatever
+the chain says, as HAMi forces it. A lone ``numa`` or ``mutex`` is a chain too. Other registered
+policies (FGD, the paper's policies, the topology strategies) judge the whole node and cannot be
+chained: naming one in a chain is an unknown policy, as is any unknown item.
+
+binpack and spread rank cards by the same usage key as the ``binpack`` / ``spread`` policies
+(``usage.ranking_key``: HAMi's weighted card score when the pod sets
+``hami.io/device-scoring-weights``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from gpuslice.model import nodes, requests
+from gpuslice.policy import fill, registry, usage
+
+BINPACK, SPREAD, NUMA = "binpack", "spread", "numa"
+MUTEX, TOPOLOGY = "mutex", "topology-aware"
+SORT_KEYS = (BINPACK, SPREAD, NUMA)
+FILTERS = (MUTEX, TOPOLOGY)
+
+
+class Chain(registry.Filtered):
+    """A card policy built from HAMi's sort keys and filters (module docstring)."""
+
+    def __init__(self, items: tuple[str, ...]) -> None:
+        """``items``: the chain's distinct items in the order written (already validated)."""
+        self.name = ",".join(items)
+        keys = tuple(k for k in items if k in SORT_KEYS)
+        self.keys = keys or (SPREAD,)
+        self.idle_only = MUTEX in items
+        self._topology = registry.get(TOPOLOGY) if TOPOLOGY in items else None
+        usage_key = next((k for k in self.keys if k != NUMA), SPREAD)
+        self._fill = fill.Fill(usage_key, usage_key == BINPACK, {})
+
+    def score_node(
+        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
+    ) -> registry.Scored:
+        """The topology score when the chain names ``topology-aware``, else its first usage key's."""
+        if self._topology is not None:
+            return self._topology.score_node(state, pod, ctx)
+        return self._fill.score_node(state, pod, ctx)
+
+    def choose_cards(
+        self,
+        state: nodes.NodeState,
+        request: requests.ContainerRequest,
+        eligible: tuple[int, ...],
+        ctx: registry.Context,
+    ) -> tuple[int, ...] | None:
+        """The first ``request.count`` eligible cards in chain order (or the best-connected set)."""
+        if self._topology is not None:
+            return self._topology.choose_cards(state, request, eligible, ctx)
+        used = usage.ranking_key(state, request, self._fill.wm, self._fill.wc, ctx.card_weights)
+        devs = state.inventory.devices
+
+        def order(i: int) -> tuple[float, ...]:
+            out: list[float] = []
+            for key in self.keys:
+                if key == NUMA:
+                    out.append(devs[i].numa)
+                else:
+                    out.append(-used(i) if key == BINPACK else used(i))
+            out.append(i)
+            return tuple(out)
+
+        return tuple(sorted(eligible, key=order)[: request.count])
+
+
+def items(value: str) -> tuple[str, ...]:
+    """A policy value's items: split on commas, trimmed, empty items and repeats dropped."""
+    out: dict[str, None] = {}
+    for part in value.split(","):
+        item = part.strip()
+        if item:
+            out.setdefault(item, None)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def card_policy(value: str) -> registry.Policy:
+    """The card policy a value names (module docstring).
+
+    Raises:
+        UnknownPolicyError: an empty value, an unknown item, or a whole-node policy in a chain.
+    """
+    parts = items(value)
+    if len(parts) == 1 and parts[0] not in (MUTEX, NUMA):
+        return registry.get(parts[0])
+    if not parts:
+        raise registry.UnknownPolicyError(f"card policy {value!r} names no policy")
+    for item in parts:
+        if item not in SORT_KEYS and item not in FILTERS:
+            what = "cannot be chained" if item in registry.names() else "is not a card policy"
+            raise registry.UnknownPolicyError(
+                f"card policy {value!r}: {item!r} {what}; a chain combines "
+                f"{', '.join(SORT_KEYS)} (sort keys) and {', '.join(FILTERS)} (filters)"
+            )
+    return Chain(parts)
