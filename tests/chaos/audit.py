@@ -3,7 +3,9 @@
 ``audit`` reads ``/api/v1/nodes`` and ``/api/v1/pods`` as admin and rebuilds every card's usage
 from the pods' ``hami.io/vgpu-devices-allocated`` annotations with the extender's own decoders
 (``codec.pod_devices.allocation_from_annotations``, ``model.allocations.card_reservation``, the
-same path ``kube.sync.Sync.on_pod`` takes), against the cards each node registered
+same path ``kube.sync.Sync.on_pod`` takes, with the same init-container rule: a pod whose init
+containers all succeeded, ``kube.objects.Pod.inits_done`` read from its ``status``, holds its app
+containers' charge only), against the cards each node registered
 (``codec.node_inventory.decode_node``). It reports
 
 - over-committed cards: memory, cores or slots above the registration, or a pod holding the card
@@ -29,11 +31,13 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, node_inventory, pod_devices, podspec
 from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice.kube import objects
 from gpuslice.model import allocations, devices
 
 MiB = 1 << 20
@@ -169,6 +173,14 @@ def _key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
+def inits_done(pod: Mapping[str, Any]) -> bool:
+    """``kube.objects.Pod.inits_done`` of an API pod (False when the pod does not decode)."""
+    try:
+        return msgspec.convert(pod, objects.Pod).inits_done
+    except msgspec.ValidationError:
+        return False
+
+
 def inventories(
     nodes: Iterable[Mapping[str, Any]], registrations: Mapping[str, Sequence[devices.GpuDevice]] | None = None
 ) -> tuple[dict[str, tuple[devices.GpuDevice, ...]], dict[str, str]]:
@@ -236,7 +248,7 @@ def api_usage(
             continue
         if alloc is None:
             continue
-        for uuid, use in allocations.card_reservation(alloc).items():
+        for uuid, use in allocations.card_reservation(alloc, inits_done(pod)).items():
             owner = card_node.get(uuid)
             if owner is None or owner[0] != alloc.node:
                 where = "an unregistered card" if owner is None else f"a card of {owner[0]}"

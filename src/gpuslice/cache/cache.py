@@ -15,18 +15,28 @@ Pod states (after kube-scheduler's cache)::
        +--------------------------------------------+
 
 * ``assume`` reserves a pod's cards the moment the filter picks them, atomically *checking* that
-  they are still free (so two concurrent requests can never take the same capacity);
+  they are still free and that the namespace's GPU quota still admits the pod's charge (so two
+  concurrent requests can never take the same capacity, nor overrun a quota together);
   ``finish_binding`` starts its TTL; ``expire`` drops assumed pods whose binding finished more than
   ``ttl`` ago without the watch confirming them; ``forget`` drops one (failed bind).
 * ``add_pod`` comes from the watch (a pod with allocation annotations on a node). It confirms an
-  assumed pod, or charges a pod the scheduler never assumed (e.g. after a restart). A pod is never
-  assumed twice; ``remove_pod`` works from any state.
+  assumed pod, or charges a pod the scheduler never assumed (e.g. after a restart). It never
+  refuses: the pod is placed already, and the cache must say what the cluster holds. A pod is
+  never assumed twice; ``remove_pod`` works from any state.
+
+Init containers (``docs/init-containers.md``): a pod is charged max(init peak, app sum) per card
+until the watch reports every init container succeeded (``add_pod(..., inits_done=True)``); it
+is then recharged with its app containers only. Should kubelet report the init containers as not
+done again (it re-runs them after a pod sandbox restart), the next ``add_pod`` grows the charge
+back. HAMi's scheduler does the same on every pod update (``InitContainersAllSucceeded`` and
+``AppContainersOnly`` in ``pkg/device/initcontainer.go``).
 
 Accounting is incremental: each event charges or uncharges one pod's per-card reservation
-(``allocations.card_reservation``) and namespace totals. Each node carries a generation, and
-``snapshot`` rebuilds only the nodes changed since the previous snapshot. Grants on UUIDs a node
-does not have (or on nodes not registered yet) are kept as orphans and charged again when the node
-(re)registers. Time is always a parameter (``now``); nothing here reads the clock.
+(``allocations.card_reservation``) and namespace totals (``allocations.charge_totals``). Each
+node carries a generation, and ``snapshot`` rebuilds only the nodes changed since the previous
+snapshot. Grants on UUIDs a node does not have (or on nodes not registered yet) are kept as
+orphans and charged again when the node (re)registers. Time is always a parameter (``now``);
+nothing here reads the clock.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ class _Pod:
     alloc: allocations.PodAllocation
     reservation: dict[str, nodes.CardUsage]
     state: PodState
+    inits_done: bool = False
     bound_at: float | None = None
 
 
@@ -73,15 +84,6 @@ class _Node:
 
 def _namespace(key: str) -> str:
     return key.split("/", 1)[0] if "/" in key else "default"
-
-
-def _totals(reservation: dict[str, nodes.CardUsage]) -> tuple[int, int, int]:
-    """Quota usage of a reservation: count = slots summed over cards, memory and cores summed."""
-    return (
-        sum(r.slots for r in reservation.values()),
-        sum(r.memory_mib for r in reservation.values()),
-        sum(r.cores for r in reservation.values()),
-    )
 
 
 class ClusterCache:
@@ -157,6 +159,10 @@ class ClusterCache:
     def assume(self, key: str, uid: str, alloc: allocations.PodAllocation, now: float) -> status.Status:
         """Reserve the pod's cards if they are still free; the outcome says why not otherwise.
 
+        The pod is refused (``UNSCHEDULABLE``, ``QUOTA_EXCEEDED``) when its charge
+        (``allocations.charge_totals``) would take its namespace past a GPU quota limit. The
+        charge is the full one (init peak included): a pod being bound has not run yet.
+
         ``now`` is accepted for symmetry with the other transitions (the TTL starts at
         ``finish_binding``). Raises ValueError if the pod is already in the cache.
         """
@@ -165,10 +171,11 @@ class ClusterCache:
             if key in self._pods:
                 raise ValueError(f"pod {key} is already {self._pods[key].state.value}")
             reservation = allocations.card_reservation(alloc)
-            verdict = self._admits(alloc, reservation)
+            namespace = _namespace(key)
+            verdict = self._admits(alloc, reservation, namespace)
             if not verdict.ok:
                 return verdict
-            pod = _Pod(key, uid, _namespace(key), alloc, reservation, PodState.ASSUMED)
+            pod = _Pod(key, uid, namespace, alloc, reservation, PodState.ASSUMED)
             self._charge(pod, 1)
             self._pods[key] = pod
             self._assumed.add(key)
@@ -200,18 +207,30 @@ class ClusterCache:
                 self._drop(self._pods[k])
             return tuple(gone)
 
-    def add_pod(self, key: str, uid: str, alloc: allocations.PodAllocation) -> None:
-        """A pod with an allocation seen by the watch: confirm it if assumed, else (re)charge it."""
+    def add_pod(self, key: str, uid: str, alloc: allocations.PodAllocation, inits_done: bool = False) -> None:
+        """A pod with an allocation seen by the watch: confirm it if assumed, else (re)charge it.
+
+        ``inits_done`` (``kube.objects.Pod.inits_done``): every init container succeeded, so only
+        the app containers are charged. A held pod whose flag flipped is recharged: its usage
+        shrinks, or grows back when kubelet reports the init containers as not done again. Never
+        refuses (quota and capacity are only checked by ``assume``).
+        """
         with self._lock:
             pod = self._pods.get(key)
             if pod is not None and pod.uid == uid and pod.alloc == alloc:
                 pod.state = PodState.ADDED
                 pod.bound_at = None
                 self._assumed.discard(key)
+                if pod.inits_done != inits_done:
+                    self._charge(pod, -1)
+                    pod.inits_done = inits_done
+                    pod.reservation = allocations.card_reservation(alloc, inits_done)
+                    self._charge(pod, 1)
                 return
             if pod is not None:
                 self._drop(pod)
-            pod = _Pod(key, uid, _namespace(key), alloc, allocations.card_reservation(alloc), PodState.ADDED)
+            reservation = allocations.card_reservation(alloc, inits_done)
+            pod = _Pod(key, uid, _namespace(key), alloc, reservation, PodState.ADDED, inits_done)
             self._charge(pod, 1)
             self._pods[key] = pod
 
@@ -290,7 +309,7 @@ class ClusterCache:
         self._dirty.add(name)
 
     def _admits(
-        self, alloc: allocations.PodAllocation, reservation: dict[str, nodes.CardUsage]
+        self, alloc: allocations.PodAllocation, reservation: dict[str, nodes.CardUsage], namespace: str
     ) -> status.Status:
         node = self._nodes.get(alloc.node)
         if node is None:
@@ -312,6 +331,11 @@ class ClusterCache:
             reason = cards.admits(dev, node.usage[i], r, uuid in exclusive)
             if reason is not None:
                 return status.Status(status.Code.UNSCHEDULABLE, (reason,))
+        limits = self._limits.get(namespace)
+        if limits is not None:
+            used = self._ns_used.get(namespace, (0, 0, 0))
+            if not limits.plus(*used).admits(*allocations.charge_totals(reservation)):
+                return status.Status(status.Code.UNSCHEDULABLE, (status.QUOTA_EXCEEDED,))
         return status.SUCCESS
 
     def _charge(self, pod: _Pod, sign: int) -> None:
@@ -324,7 +348,7 @@ class ClusterCache:
                 on.discard(pod.key)
                 if not on:
                     del self._by_node[pod.alloc.node]
-        c, m, k = _totals(pod.reservation)
+        c, m, k = allocations.charge_totals(pod.reservation)
         used = self._ns_used.setdefault(pod.namespace, [0, 0, 0])
         used[0] += sign * c
         used[1] += sign * m

@@ -7,7 +7,8 @@ cache. On top of it the extender adds:
 * overcommit: every inventory's memory and cores scaled by the configured factors;
 * ``on_node_lock(node, held)`` on every node event, so binds waiting for HAMi's node lock retry
   as soon as the device plugin releases it;
-* ``on_capacity_freed(node)`` when a pod holding GPUs goes away (requeue nudges);
+* ``on_capacity_freed(node)`` when a pod holding GPUs goes away, or when its init containers
+  have all succeeded and the cache released their peak (requeue nudges);
 * a housekeeping loop: readiness and watch-restart metrics, assumed-pod expiry, ``gc.freeze``;
 * node liveness (``liveness.NodeHealth``) from every node event;
 * ``unbound_claims``: pods carrying a node claim (``hami.io/vgpu-node``) but no binding, which
@@ -107,6 +108,8 @@ class Feed:
         )
         self.unbound_claims: dict[str, objects.Pod] = {}
         """Pod key -> pod, for pods with ``hami.io/vgpu-node`` and no ``spec.nodeName``."""
+        self._inits_released: set[str] = set()
+        """Keys of held pods whose init containers all succeeded (charged their app containers only)."""
         self.clock: Callable[[], float] = time.time
         self.monotonic: Callable[[], float] = time.monotonic
 
@@ -194,12 +197,26 @@ class Feed:
                 self.unbound_claims.pop(pod.key, None)
         held = pod is not None and self.cache.pod_state(pod.key) is not None
         self.sync.on_pod(event)
-        if pod is None or not held or self.on_capacity_freed is None:
+        if pod is None:
             return
-        if self.cache.pod_state(pod.key) is None:
+        released = self._inits_release(pod, held)
+        if not held or self.on_capacity_freed is None:
+            return
+        if released or self.cache.pod_state(pod.key) is None:
             node = pod.spec.node_name or pod.metadata.annotations.get(keys.VGPU_NODE, "")
             if node:
                 self.on_capacity_freed(node)
+
+    def _inits_release(self, pod: objects.Pod, held: bool) -> bool:
+        """True when this event released a held pod's init-container peak (``Pod.inits_done`` flipped)."""
+        key = pod.key
+        if pod.inits_done and self.cache.pod_state(key) is not None:
+            if key in self._inits_released:
+                return False
+            self._inits_released.add(key)
+            return held
+        self._inits_released.discard(key)
+        return False
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Feed]:

@@ -59,11 +59,17 @@ class ResourceRequirements(msgspec.Struct, frozen=True):
     requests: dict[str, str] = {}
 
 
-class Container(msgspec.Struct, frozen=True):
-    """A container: its name and resources."""
+class Container(msgspec.Struct, rename="camel", frozen=True):
+    """A container: its name, resources and (init containers only) restart policy.
+
+    ``restart_policy: Always`` on an init container makes it a native sidecar: it starts before
+    the app containers and keeps running for the pod's life
+    (https://kubernetes.io/docs/concepts/workloads/pods/sidecar-containers/).
+    """
 
     name: str = ""
     resources: ResourceRequirements = ResourceRequirements()
+    restart_policy: str = ""
 
 
 class PodSpec(msgspec.Struct, rename="camel", frozen=True):
@@ -76,10 +82,36 @@ class PodSpec(msgspec.Struct, rename="camel", frozen=True):
     priority: int | None = None
 
 
+class ContainerStateTerminated(msgspec.Struct, rename="camel", frozen=True):
+    """A terminated container's exit code (None when the API left it out)."""
+
+    exit_code: int | None = None
+
+
+class ContainerState(msgspec.Struct, frozen=True):
+    """A container's state; only ``terminated`` is read (waiting and running are skipped)."""
+
+    terminated: ContainerStateTerminated | None = None
+
+
+class ContainerStatus(msgspec.Struct, frozen=True):
+    """One entry of ``status.initContainerStatuses``: the container's name and current state."""
+
+    name: str = ""
+    state: ContainerState = ContainerState()
+
+    @property
+    def succeeded(self) -> bool:
+        """True when the container is terminated with exit code 0."""
+        t = self.state.terminated
+        return t is not None and t.exit_code == 0
+
+
 class PodStatus(msgspec.Struct, rename="camel", frozen=True):
     """The pod status fields we read."""
 
     phase: str = ""
+    init_container_statuses: list[ContainerStatus] = []
 
 
 class Pod(msgspec.Struct, frozen=True):
@@ -98,6 +130,23 @@ class Pod(msgspec.Struct, frozen=True):
     def terminated(self) -> bool:
         """True when the pod holds no resources any more (Succeeded or Failed)."""
         return self.status.phase in ("Succeeded", "Failed")
+
+    @property
+    def inits_done(self) -> bool:
+        """True when the pod has init containers and every one of them has succeeded.
+
+        Each init container must have a status (matched by name) that is terminated with exit
+        code 0, as kubelet reports it once the container ran to completion. A native sidecar
+        (an init container with ``restartPolicy: Always``) runs for the pod's life, so a pod
+        with one is never done; a pod without init containers has nothing to release (False).
+        The rule is HAMi's ``InitContainersAllSucceeded`` (``pkg/device/initcontainer.go``);
+        ``docs/init-containers.md`` says what the cache does with it.
+        """
+        inits = self.spec.init_containers
+        if not inits:
+            return False
+        succeeded = {s.name for s in self.status.init_container_statuses if s.succeeded}
+        return all(c.restart_policy != "Always" and c.name in succeeded for c in inits)
 
 
 class NodeStatus(msgspec.Struct, frozen=True):

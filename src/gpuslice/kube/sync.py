@@ -12,7 +12,10 @@
   before a restart); otherwise, or when deleted -> ``remove_pod``. A pod the cache holds as
   *assumed* (a bind in flight) is left to the bind path until it has a ``spec.nodeName``: an
   event from before the bind's annotation patch must not drop the reservation, and one from
-  before the Binding must not confirm it early.
+  before the Binding must not confirm it early. Every ``add_pod`` passes ``Pod.inits_done`` (all
+  init containers terminated with exit code 0, from ``status.initContainerStatuses``): the cache
+  then charges the app containers only, and the init peak again should kubelet report them as
+  not done (``docs/init-containers.md``).
 - **ResourceQuotas**: ``spec.hard`` -> GPU limits; several quotas in one namespace combine to the
   tightest limit of each resource -> ``set_quota``.
 
@@ -61,8 +64,8 @@ class Sink(Protocol):
         """Forget a node."""
         ...
 
-    def add_pod(self, key: str, uid: str, alloc: allocations.PodAllocation) -> None:
-        """Charge (or confirm) a placed pod."""
+    def add_pod(self, key: str, uid: str, alloc: allocations.PodAllocation, inits_done: bool = False) -> None:
+        """Charge (or confirm) a placed pod; ``inits_done``: charge its app containers only."""
         ...
 
     def remove_pod(self, key: str) -> None:
@@ -229,7 +232,7 @@ class Sync:
             self.cache.remove_pod(key)
             return
         self.bad_pods.pop(key, None)
-        self.cache.add_pod(key, pod.metadata.uid, alloc)
+        self.cache.add_pod(key, pod.metadata.uid, alloc, pod.inits_done)
 
     # ----- quotas
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from gpuslice.model import devices, nodes
@@ -38,17 +40,25 @@ class PodAllocation(msgspec.Struct, frozen=True, kw_only=True):
     memory_mib: int = 0
 
 
-def card_reservation(alloc: PodAllocation) -> dict[str, nodes.CardUsage]:
+def card_reservation(alloc: PodAllocation, inits_done: bool = False) -> dict[str, nodes.CardUsage]:
     """Usage a pod holds per card UUID, with HAMi's init-container rule.
 
-    Init containers run one at a time, so each card is charged the peak over init containers,
-    while app containers are summed: memory and cores = max(init peak, app sum) and
-    slots = max(1, app occurrences) on every card the pod touches.
+    Init containers run one at a time, before the app containers, so each card is charged the
+    peak over init containers, while app containers are summed: memory and cores =
+    max(init peak, app sum) and slots = max(1, app occurrences) on every card the pod touches.
+
+    Once every init container has succeeded (``inits_done``, see ``kube.objects.Pod.inits_done``)
+    only the app containers are charged: memory, cores and slots are the app sums, and a card
+    that only init containers touched is not charged at all. HAMi does the same
+    (``CollapseInitContainerUsage`` / ``AppContainersOnly`` in ``pkg/device/initcontainer.go``).
+    The result with ``inits_done`` is never larger, per card and in total, than without.
     """
     init_peak: dict[str, tuple[int, int]] = {}
     app_sum: dict[str, tuple[int, int, int]] = {}
     for position, grants in enumerate(alloc.containers):
         if position < alloc.init_count:
+            if inits_done:
+                continue
             for g in grants:
                 mem, cores = init_peak.get(g.uuid, (0, 0))
                 init_peak[g.uuid] = (max(mem, g.memory_mib), max(cores, g.cores))
@@ -66,12 +76,31 @@ def card_reservation(alloc: PodAllocation) -> dict[str, nodes.CardUsage]:
     return out
 
 
-def apply(state: nodes.NodeState, alloc: PodAllocation, sign: int = 1) -> nodes.NodeState:
+def charge_totals(reservation: Mapping[str, nodes.CardUsage]) -> tuple[int, int, int]:
+    """Namespace quota usage of a reservation: (count, memory MiB, cores).
+
+    count is the slots summed over cards, memory and cores are summed over cards. This and
+    ``card_reservation`` are what the cluster cache charges a namespace, and what the filter
+    checks a namespace's quota with.
+    """
+    count = memory = cores = 0
+    for r in reservation.values():
+        count += r.slots
+        memory += r.memory_mib
+        cores += r.cores
+    return count, memory, cores
+
+
+def apply(
+    state: nodes.NodeState, alloc: PodAllocation, sign: int = 1, inits_done: bool = False
+) -> nodes.NodeState:
     """The node state with a pod's reservation added (sign=1) or removed (sign=-1).
 
-    Grants on UUIDs the node does not have are ignored (the caller reports them).
+    ``inits_done`` selects the reservation once every init container succeeded (see
+    ``card_reservation``). Grants on UUIDs the node does not have are ignored (the caller
+    reports them).
     """
-    per_card = card_reservation(alloc)
+    per_card = card_reservation(alloc, inits_done)
     usage = list(state.usage)
     for i, dev in enumerate(state.inventory.devices):
         r = per_card.get(dev.uuid)

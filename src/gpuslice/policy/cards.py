@@ -60,11 +60,17 @@ def held_exclusively(dev: devices.GpuDevice, usage: nodes.CardUsage) -> bool:
 
 
 def capacity_reason(
-    dev: devices.GpuDevice, usage: nodes.CardUsage, memory: int, cores: int, idle_only: bool = False
+    dev: devices.GpuDevice,
+    usage: nodes.CardUsage,
+    memory: int,
+    cores: int,
+    exclusive: bool,
+    idle_only: bool = False,
 ) -> str | None:
     """Reasons that depend on what is in use (freeing capacity could help these).
 
-    ``cores`` is already clamped to 100; ``idle_only`` is the card policy's ``mutex`` filter.
+    ``exclusive``: a grant asks for all 100 cores of the card (``cores`` already clamped);
+    ``idle_only``: the card policy's ``mutex`` filter.
     """
     if usage.slots >= dev.split_count:
         return status.GPU_SLOTS_EXHAUSTED
@@ -74,7 +80,7 @@ def capacity_reason(
         return status.INSUFFICIENT_GPU_MEMORY
     if dev.cores - usage.cores < cores:
         return status.INSUFFICIENT_GPU_CORES
-    if cores >= devices.FULL_CORES and dev.cores == devices.FULL_CORES and usage.slots > 0:
+    if exclusive and dev.cores == devices.FULL_CORES and usage.slots > 0:
         return status.EXCLUSIVE_CONFLICT
     if cores == 0 and held_exclusively(dev, usage):
         return status.EXCLUSIVE_CONFLICT
@@ -93,11 +99,7 @@ def admits(
     """
     if usage.slots + add.slots > dev.split_count:
         return status.GPU_SLOTS_EXHAUSTED
-    cores = devices.FULL_CORES if exclusive else add.cores
-    reason = capacity_reason(dev, usage, add.memory_mib, cores, False)
-    if reason is None and dev.cores - usage.cores < add.cores:
-        return status.INSUFFICIENT_GPU_CORES
-    return reason
+    return capacity_reason(dev, usage, add.memory_mib, add.cores, exclusive)
 
 
 def mode_matches(card_mode: str, wanted: str | None) -> bool:

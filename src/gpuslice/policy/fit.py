@@ -189,6 +189,7 @@ def _fit_container(
     devs = inv.devices
     usage = state.usage
     cores = req.cores_clamped
+    exclusive = req.exclusive
     cordoned = inv.cordoned
     eligible: list[int] = []
     rejected: dict[str, int] = {}
@@ -202,7 +203,7 @@ def _fit_container(
     for i, dev in enumerate(devs):
         memory = fixed if fixed is not None else req.memory_on(dev.memory_mib)
         reason = cards.static_reason(dev, cordoned, sel) or cards.capacity_reason(
-            dev, usage[i], memory, cores, idle_only
+            dev, usage[i], memory, cores, exclusive, idle_only
         )
         if reason is None:
             eligible.append(i)

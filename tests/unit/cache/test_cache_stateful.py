@@ -1,5 +1,7 @@
 """A hypothesis state machine drives the cache with random watch/bind events and checks it against
-a plain model: per-card usage = sum of live pods' reservations, namespace totals, orphans, states."""
+a plain model: per-card usage = sum of live pods' reservations, namespace totals, orphans, states.
+Watch events carry ``inits_done`` (init containers succeeded, or reset by kubelet), so pods are
+recharged between the full and the app-only reservation."""
 
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache = cache_mod.ClusterCache()
         self.inv: dict[str, nodes.NodeInventory] = {}
         self.pods: dict[str, tuple[allocations.PodAllocation, cache_mod.PodState, float | None]] = {}
+        self.done: dict[str, bool] = {}
         self.now = 0.0
         for ns in ("x", "y"):
             self.cache.set_quota(ns, quota.QuotaView(memory_limit=10**12))
@@ -62,10 +65,11 @@ class CacheMachine(RuleBasedStateMachine):
         self.inv.pop(name, None)
         self.cache.remove_node(name)
 
-    @rule(key=st.sampled_from(KEYS), alloc=allocs)
-    def add(self, key: str, alloc: allocations.PodAllocation) -> None:
-        self.cache.add_pod(key, key, alloc)
+    @rule(key=st.sampled_from(KEYS), alloc=allocs, done=st.booleans())
+    def add(self, key: str, alloc: allocations.PodAllocation, done: bool) -> None:
+        self.cache.add_pod(key, key, alloc, done)
         self.pods[key] = (alloc, cache_mod.PodState.ADDED, None)
+        self.done[key] = done
 
     @rule(key=st.sampled_from(KEYS), alloc=allocs)
     def assume(self, key: str, alloc: allocations.PodAllocation) -> None:
@@ -75,13 +79,16 @@ class CacheMachine(RuleBasedStateMachine):
             return
         if self.cache.assume(key, key, alloc, self.now).ok:
             self.pods[key] = (alloc, cache_mod.PodState.ASSUMED, None)
+            self.done[key] = False
 
-    @rule(key=st.sampled_from(KEYS))
-    def confirm(self, key: str) -> None:
+    @rule(key=st.sampled_from(KEYS), done=st.booleans())
+    def confirm(self, key: str, done: bool) -> None:
+        """The watch sees a held pod again (same allocation); its init containers done or not."""
         if key in self.pods:
             alloc = self.pods[key][0]
-            self.cache.add_pod(key, key, alloc)
+            self.cache.add_pod(key, key, alloc, done)
             self.pods[key] = (alloc, cache_mod.PodState.ADDED, None)
+            self.done[key] = done
 
     @rule(key=st.sampled_from(KEYS))
     def finish(self, key: str) -> None:
@@ -124,13 +131,14 @@ class CacheMachine(RuleBasedStateMachine):
         per_ns = {"x": [0, 0, 0], "y": [0, 0, 0]}
         for key, (alloc, state, _) in self.pods.items():
             assert self.cache.pod_state(key) is state
-            for r in allocations.card_reservation(alloc).values():
+            reservation = allocations.card_reservation(alloc, self.done[key])
+            for r in reservation.values():
                 t = per_ns[key.split("/")[0]]
                 t[0] += r.slots
                 t[1] += r.memory_mib
                 t[2] += r.cores
             known = {d.uuid for d in self.inv[alloc.node].devices} if alloc.node in self.inv else set()
-            for u, r in allocations.card_reservation(alloc).items():
+            for u, r in reservation.items():
                 if u in known:
                     w = want.get(u, nodes.EMPTY_CARD)
                     want[u] = nodes.CardUsage(
