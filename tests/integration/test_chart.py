@@ -41,6 +41,15 @@ MATRIX: dict[str, dict[str, object]] = {
     "cert-manager": {"tls.mode": "certManager", "tls.clientCA": True},
     "service-monitor": {"metrics.serviceMonitor.enabled": True, "overcommit.enabled": True},
     "one-replica": {"replicas": 1, "leaderElect.enabled": False, "podDisruptionBudget.enabled": False},
+    "renamed": {"resourceNames.count": "example.com/vgpu", "resourceNames.memory": "example.com/vmem"},
+}
+
+RENAMED: dict[str, object] = {
+    "resourceNames.count": "example.com/vgpu",
+    "resourceNames.memory": "example.com/vmem",
+    "resourceNames.memoryPercentage": "example.com/vmem-percentage",
+    "resourceNames.cores": "example.com/vcores",
+    "resourceNames.priority": "example.com/vprio",
 }
 
 
@@ -176,6 +185,14 @@ def _render_args(values: Mapping[str, Any], namespace: str) -> list[str]:
             f"--lease-name={v['scheduler']['name']}",
             f"--lease-namespace={namespace}",
         ]
+    names = v["resourceNames"]
+    args += [
+        f"--resource-count-name={names['count']}",
+        f"--resource-memory-name={names['memory']}",
+        f"--resource-memory-percentage-name={names['memoryPercentage']}",
+        f"--resource-core-name={names['cores']}",
+        f"--resource-priority-name={names['priority']}",
+    ]
     if tls:
         args.append("--ca-file=/etc/gpuslice/tls/ca.crt")
         if v["tls"]["clientCA"]:
@@ -213,6 +230,8 @@ CONFIG_CASES: dict[str, dict[str, object]] = {
         "leaderElect.retryPeriod": "4s",
     },
     "no-election": {"replicas": 1, "leaderElect.enabled": False},
+    "renamed": RENAMED,
+    "renamed-standalone": {**RENAMED, "resourceNames.cores": "nvidia.com/cores", "scheduler.enabled": False},
 }
 
 
@@ -230,6 +249,40 @@ def test_scheduler_configmap_is_what_render_prints(case: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert from_chart == yaml.safe_load(proc.stdout)
+
+
+@pytest.mark.parametrize("values", [{}, RENAMED], ids=["defaults", "renamed"])
+def test_extender_webhook_and_scheduler_get_the_same_resource_names(values: dict[str, object]) -> None:
+    objects = chart.template(values)
+    names = list(_merged(values)["resourceNames"].values())
+    config = yaml.safe_load(chart.find(objects, "ConfigMap", "-scheduler-config")["data"]["config.yaml"])
+    assert [m["name"] for m in config["extenders"][0]["managedResources"]] == names
+    assert all(m["ignoredByScheduler"] is True for m in config["extenders"][0]["managedResources"])
+    flags = [
+        "--resource-count-name",
+        "--resource-memory-name",
+        "--resource-memory-percentage-name",
+        "--resource-core-name",
+        "--resource-priority-name",
+    ]
+    want = [f"{flag}={name}" for flag, name in zip(flags, names, strict=True)]
+    for deployment, container in (("gpuslice", "gpuslice"), ("-webhook", "webhook")):
+        pod = chart.find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
+        command = next(c for c in pod["containers"] if c["name"] == container)["command"]
+        assert [a for a in command if a.startswith("--resource-")] == want, (deployment, command)
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"resourceNames.cores": "nvidia.com/gpu"}, "resourceNames must be five different names"),
+        ({"resourceNames.count": "gpu"}, "not an extended-resource name"),
+        ({"resourceNames.memory": "Example.com/mem"}, "not an extended-resource name"),
+    ],
+)
+def test_bad_resource_names_fail_to_render(values: dict[str, object], fragment: str) -> None:
+    with pytest.raises(chart.ChartError, match=fragment):
+        chart.template(values)
 
 
 def test_the_sidecar_mounts_what_its_configuration_names() -> None:

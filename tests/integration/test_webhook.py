@@ -472,3 +472,76 @@ def test_review_payload_shape_matches_the_apiserver(webhook: WebhookProcess) -> 
         answer = json.load(resp)
     assert answer["apiVersion"] == "admission.k8s.io/v1beta1"
     assert answer["response"]["uid"] == "u" and answer["response"]["patchType"] == "JSONPatch"
+
+
+VGPU, VMEM, VPCT, VCORES = (
+    "example.com/vgpu",
+    "example.com/vmem",
+    "example.com/vmem-pct",
+    "example.com/vcores",
+)
+RENAMED_ARGS = (
+    "--resource-count-name",
+    VGPU,
+    "--resource-memory-name",
+    VMEM,
+    "--resource-memory-percentage-name",
+    VPCT,
+    "--resource-core-name",
+    VCORES,
+)
+
+
+def test_renamed_resources(
+    control_plane: ControlPlane, certs: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    cp = control_plane
+    ca, crt, key = certs
+    hook = WebhookProcess(
+        cp.kubeconfig, ca, crt, key, tmp_path / "renamed.log", extra_args=RENAMED_ARGS
+    ).start()
+    reg = register(cp, hook)
+    try:
+        ns = reg.namespace()
+
+        def mutated() -> bool:
+            status, obj = create(cp, ns, pod_body(f"probe-{uuid.uuid4().hex[:6]}", {VGPU: "1"}), dry_run=True)
+            return status == 201 and obj["spec"].get("schedulerName") == SCHEDULER
+
+        wait_until(mutated, "the renamed webhook is never called")
+
+        # The defaults go under the configured names.
+        status, pod = create(cp, ns, pod_body("share", {VMEM: "3000"}))
+        assert status == 201, pod
+        res = pod["spec"]["containers"][0]["resources"]
+        assert res["limits"] == res["requests"] == {VMEM: "3k", VGPU: "1"}  # the apiserver's canonical 3000
+        status, pod = create(cp, ns, pod_body("whole", {VGPU: "1"}))
+        assert status == 201, pod
+        assert pod["spec"]["containers"][0]["resources"]["limits"] == {VGPU: "1", VCORES: "100"}
+
+        # Validation too, named by the configured resource.
+        status, body = create(cp, ns, pod_body("bad", {VGPU: "1", VPCT: "150"}, container="train"))
+        assert status == 400, body
+        assert f'container "train": {VPCT} must be in 1..100, got 150' in body.get("message", ""), body
+
+        # The default names are ordinary extended resources now: not a GPU pod.
+        status, pod = create(cp, ns, pod_body("old", {GPU: "1"}))
+        assert status == 201, pod
+        assert pod["spec"]["schedulerName"] == "default-scheduler"
+        assert pod["spec"]["containers"][0]["resources"]["limits"] == {GPU: "1"}
+    finally:
+        reg.delete()
+        hook.stop()
+
+
+def test_bad_resource_name_exits_2(control_plane: ControlPlane) -> None:
+    out = subprocess.run(  # noqa: S603 - our own CLI
+        devcluster.gpuslice_command(
+            "webhook", "--kubeconfig", str(control_plane.kubeconfig), "--resource-core-name", GPU
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "resource_count_name and resource_core_name must differ" in out.stderr

@@ -67,6 +67,22 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* The GPU resource names in the order count, memory, percentage, cores, priority. */}}
+{{- define "gpuslice.resourceNames" -}}
+{{- $n := .Values.resourceNames -}}
+{{- list $n.count $n.memory $n.memoryPercentage $n.cores $n.priority | toJson -}}
+{{- end -}}
+
+{{/* `gpuslice serve` / `gpuslice webhook` flags naming the GPU resources (one per line). */}}
+{{- define "gpuslice.resourceNameArgs" -}}
+{{- $n := .Values.resourceNames -}}
+- --resource-count-name={{ $n.count }}
+- --resource-memory-name={{ $n.memory }}
+- --resource-memory-percentage-name={{ $n.memoryPercentage }}
+- --resource-core-name={{ $n.cores }}
+- --resource-priority-name={{ $n.priority }}
+{{- end -}}
+
 {{/* Checks of value combinations that cannot work. */}}
 {{- define "gpuslice.validate" -}}
 {{- if not (has .Values.tls.mode (list "generate" "certManager" "secret")) -}}
@@ -83,5 +99,14 @@ seccompProfile:
 {{- end -}}
 {{- if not (has .Values.webhook.failurePolicy (list "Ignore" "Fail")) -}}
 {{- fail (printf "webhook.failurePolicy must be Ignore or Fail, got %q" .Values.webhook.failurePolicy) -}}
+{{- end -}}
+{{- $names := include "gpuslice.resourceNames" . | fromJsonArray -}}
+{{- if ne (len $names) (len (uniq $names)) -}}
+{{- fail (printf "resourceNames must be five different names, got %s" (toJson $names)) -}}
+{{- end -}}
+{{- range $names -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$" (toString .)) -}}
+{{- fail (printf "resourceNames: %q is not an extended-resource name such as example.com/vgpu" (toString .)) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}

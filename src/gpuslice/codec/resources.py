@@ -2,7 +2,24 @@
 
 ``generate_request`` is HAMi's ``GenerateResourceRequests`` exactly (it never adds cores);
 ``webhook_request`` adds the mutating webhook's defaults on top, so a pod reads the same whether
-or not it went through a webhook. ``parse_pod`` does both for every container of a pod dict.
+or not it went through a webhook. ``container_request`` is gpuslice's reading of one container:
+the validation HAMi's webhook does, then either of the two. ``parse_pod`` applies it to every
+container of a pod dict.
+
+The memory percentage (``nvidia.com/gpumem-percentage``, or its configured name):
+
+* an integer in 1..100 is a share of each card's registered memory;
+* 0 is HAMi's "unset": ``GenerateResourceRequests`` ignores it (memory then comes from gpumem,
+  ``defaultMemory`` or the whole card) and the webhook's exclusive rule does not fire for it, so
+  ``gpumem-percentage: 0`` never becomes an exclusive card;
+* anything else (negative, above 100, not an integer) is an error: ``container_request`` raises
+  ``DecodeError`` naming the resource and the container, which the extender answers with
+  ``InvalidRequest`` on every node and a Warning event. HAMi's webhook refuses the same values
+  (``validateMemoryPercentage`` in ``pkg/device/nvidia/device.go``), while its scheduler would
+  clamp 150 to 100; without the check a pod that skipped the webhook would silently take a whole
+  card, and with the exclusive rule an exclusive one. ``generate_request`` keeps HAMi's clamp.
+
+Every resource name comes from ``RequestConfig.names`` (HAMi lets operators rename them).
 """
 
 from __future__ import annotations
@@ -12,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import goparse, pod_selectors, podspec, quantity
 from gpuslice.model import config as model_config
 from gpuslice.model import requests
@@ -46,7 +64,8 @@ def generate_request(
     Rules: each value from limits, else requests. The count must be a positive integer. gpumem
     (MiB per card) is multiplied by ``memory_factor``; a non-integer value or one above
     ``MaxInt32 / memory_factor`` drops the whole request. A percentage <= 0 is unset (101),
-    above 100 it is clamped to 100. With neither, ``default_memory`` applies, else 100 %.
+    above 100 it is clamped to 100 (``container_request`` refuses such values before this runs;
+    HAMi's own cases keep the clamp here). With neither, ``default_memory`` applies, else 100 %.
     Cores default to ``default_cores``.
 
     Raises:
@@ -94,13 +113,31 @@ def webhook_limits(limits: ResourceList, config: model_config.RequestConfig) -> 
     return limits
 
 
+def _asks_whole_card(limits: ResourceList, reqs: ResourceList, names: model_config.ResourceNames) -> bool:
+    """HAMi's literal test: no gpumem and no percentage given, or a percentage of exactly 100.
+
+    ``defaultExclusiveCoreIfNeeded`` in ``pkg/device/nvidia/device.go`` looks at what the
+    container names, not at the parsed request: ``gpumem-percentage: 0`` (HAMi's "unset") and
+    ``gpumem: 0`` name a memory amount, so they are not whole-card asks.
+
+    Raises:
+        DecodeError: the percentage is not a Kubernetes quantity.
+    """
+    if _present(limits, reqs, names.memory_percentage):
+        return _lookup(limits, reqs, names.memory_percentage) == 100
+    return not _present(limits, reqs, names.memory)
+
+
 def webhook_request(
     limits: ResourceList, reqs: ResourceList, config: model_config.RequestConfig
 ) -> requests.ContainerRequest | None:
     """The request after the webhook's rules: default count, then 100 cores for whole-card memory.
 
-    A container with cards, no ``gpucores`` and whole-card memory (no gpumem and no percentage,
-    or percentage 100) gets 100 cores: a bare ``nvidia.com/gpu: 1`` is one exclusive card.
+    A container with cards and no ``gpucores`` that asks for a whole card (no gpumem and no
+    percentage, or a percentage of exactly 100: ``_asks_whole_card``) and whose request is the
+    whole card's memory gets 100 cores: a bare ``nvidia.com/gpu: 1`` is one exclusive card.
+    ``gpumem-percentage: 0`` is not such an ask (HAMi adds no cores for it either), and neither is
+    a bare card whose ``default_memory`` gives it less than the whole card.
 
     Raises:
         DecodeError: a value that is not a Kubernetes quantity.
@@ -109,9 +146,35 @@ def webhook_request(
     req = generate_request(limits, reqs, config)
     if req is None or _present(limits, reqs, config.names.cores):
         return req
-    if req.memory_mib == 0 and req.memory_percentage == 100:
+    whole = req.memory_mib == 0 and req.memory_percentage == 100
+    if whole and _asks_whole_card(limits, reqs, config.names):
         return msgspec.structs.replace(req, cores=100)
     return req
+
+
+PERCENTAGE_RANGE = (0, 100)
+"""Percentages ``container_request`` accepts: 0 (HAMi's "unset") through 100."""
+
+
+def check_percentage(
+    limits: ResourceList, reqs: ResourceList, names: model_config.ResourceNames, where: str
+) -> None:
+    """Refuse a memory percentage that is not an integer in 0..100, in limits or in requests.
+
+    Raises:
+        DecodeError: naming the percentage resource (``annotation``) and ``where`` (``field``).
+    """
+    name = names.memory_percentage
+    low, high = PERCENTAGE_RANGE
+    for source in (limits, reqs):
+        if name not in source:
+            continue
+        raw = source[name]
+        value = quantity.as_int64(quantity.parse(raw, name))
+        if value is None or not low <= value <= high:
+            raise codec_errors.DecodeError(
+                name, where, f"{name} must be an integer in {low}..{high} (0 = unset), got {raw}"
+            )
 
 
 def container_request(
@@ -119,10 +182,15 @@ def container_request(
 ) -> requests.ContainerRequest | None:
     """One container's GPU request, with the webhook's rules when ``config.exclusive_whole_card``.
 
+    The memory percentage is checked first, with or without the webhook's rules (see the module
+    docstring): a value outside 0..100 is an error, not HAMi's clamp.
+
     Raises:
-        DecodeError: a malformed container or quantity.
+        DecodeError: a malformed container or quantity, or a percentage outside 0..100 (naming
+            the resource and ``where``, the container's path such as ``spec.containers[0]``).
     """
     limits, reqs = podspec.resources(container, where)
+    check_percentage(limits, reqs, config.names, where)
     if config.exclusive_whole_card:
         return webhook_request(limits, reqs, config)
     return generate_request(limits, reqs, config)
@@ -176,6 +244,7 @@ def parse_pod(
         selectors=pod_selectors.selectors(annotations),
         node_policy=pod_selectors.node_policy(annotations),
         card_policy=pod_selectors.card_policy(annotations),
+        scoring_weights=pod_selectors.scoring_weights(annotations),
         cpu_milli=cpu,
         memory_mib=mem,
     )
@@ -185,7 +254,7 @@ class QuotaLimits(msgspec.Struct, frozen=True, kw_only=True):
     """GPU limits of one ResourceQuota; None = not limited.
 
     Attributes:
-        count: cards (``nvidia.com/gpu``).
+        count: cards (``nvidia.com/gpu``, or the configured count name).
         memory_mib: total MiB over all cards of all pods (already times ``memory_factor``).
         cores: total cores over all cards of all pods.
     """
@@ -200,9 +269,11 @@ class QuotaLimits(msgspec.Struct, frozen=True, kw_only=True):
         return self.count is None and self.memory_mib is None and self.cores is None
 
 
-def _quota_value(hard: Mapping[str, object], name: str) -> int | None:
+def _quota_value(hard: Mapping[str, object], *names: str) -> int | None:
+    """The smallest value of ``names`` in ``hard`` (bare, ``requests.``, ``limits.``); None if none."""
     found = [
         quantity.value(quantity.parse(hard[k], k))
+        for name in names
         for k in (name, f"requests.{name}", f"limits.{name}")
         if k in hard
     ]
@@ -214,10 +285,13 @@ def parse_quota(
 ) -> QuotaLimits:
     """GPU limits from a ResourceQuota's ``spec.hard``.
 
-    Each resource may be given bare, with ``requests.`` or with ``limits.``; GPU requests always
-    equal limits, so the smallest of the given values applies. HAMi reads only
-    ``limits.nvidia.com/gpumem`` and ``limits.nvidia.com/gpucores``; gpuslice honours every form
-    (HAMi issue #893).
+    Keys are the configured resource names (``config.names``). Each resource may be given bare,
+    with ``requests.`` or with ``limits.``; GPU requests always equal limits, so the smallest of
+    the given values applies. HAMi reads only ``limits.nvidia.com/gpumem`` and
+    ``limits.nvidia.com/gpucores``; gpuslice honours every form (HAMi issue #893). Cores may also
+    be given as ``nvidia.com/cores`` (any form; the design documents' key) while the cores
+    resource keeps its default name (``ResourceNames.cores_quota_aliases``); the smallest of all
+    applies.
 
     Raises:
         DecodeError: a value that is not a Kubernetes quantity.
@@ -227,5 +301,5 @@ def parse_quota(
     return QuotaLimits(
         count=_quota_value(hard, names.count),
         memory_mib=None if memory is None else memory * max(1, config.memory_factor),
-        cores=_quota_value(hard, names.cores),
+        cores=_quota_value(hard, names.cores, *names.cores_quota_aliases),
     )

@@ -25,7 +25,7 @@ import yaml
 
 from gpuslice.codec import goparse
 from gpuslice.model import config as model_config
-from gpuslice.policy import registry
+from gpuslice.policy import chains, registry
 
 ENV_PREFIX = "GPUSLICE_"
 HAMI_LOCK_EXPIRE_ENV = "HAMI_NODELOCK_EXPIRE"
@@ -44,12 +44,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     Attributes:
         node_policy: node-level policy (scores nodes in prioritize).
-        card_policy: card-level policy (chooses cards at bind).
+        card_policy: card-level policy (chooses cards at bind): a registered policy or a HAMi chain
+            such as ``binpack,numa`` or ``mutex,spread`` (``policy.chains``).
         memory_scaling: multiplies every card's registered memory (overcommit when > 1).
         core_scaling: multiplies every card's registered cores.
         memory_factor: multiplies ``nvidia.com/gpumem`` requests and quota limits (HAMi).
         default_memory: MiB when a container gives neither gpumem nor a percentage; 0 = whole card.
         default_cores: cores when gpucores is absent; 0 = no SM limit.
+        resource_count_name: the extended resource that asks for cards (HAMi's
+            ``resourceCountName``). This and the next four are Kubernetes extended-resource
+            names, all different; keep them equal to the device plugin's, the webhook's and the
+            ``managedResources`` of kube-scheduler's configuration (``gpuslice render
+            scheduler-config`` takes the same flags). ResourceQuota keys follow them.
+        resource_memory_name: MiB per card (``resourceMemoryName``).
+        resource_memory_percentage_name: percent of each card's memory
+            (``resourceMemoryPercentageName``).
+        resource_core_name: percent of each card's SMs (``resourceCoreName``).
+        resource_priority_name: task priority (``resourcePriorityName``; only the webhook and the
+            device plugin read it, kube-scheduler must ignore it).
         resync_period_s: full relist period of the informers (0 = never).
         watch_timeout_s: server-side timeout of each watch request.
         qps: client-side request rate limit to the apiserver (a bind costs about four requests,
@@ -115,6 +127,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     memory_factor: int = 1
     default_memory: int = 0
     default_cores: int = 0
+    resource_count_name: str = "nvidia.com/gpu"
+    resource_memory_name: str = "nvidia.com/gpumem"
+    resource_memory_percentage_name: str = "nvidia.com/gpumem-percentage"
+    resource_core_name: str = "nvidia.com/gpucores"
+    resource_priority_name: str = "nvidia.com/priority"
     resync_period_s: float = 300.0
     watch_timeout_s: int = 290
     qps: float = 200.0
@@ -174,9 +191,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return int(self.metrics_listen.rpartition(":")[2] or 0)
 
     @property
+    def resource_names(self) -> model_config.ResourceNames:
+        """The configured resource names."""
+        return model_config.resource_names({s: getattr(self, s) for s in model_config.NAME_SETTINGS})
+
+    @property
     def request_config(self) -> model_config.RequestConfig:
-        """How container resources are read."""
+        """How container resources (and ResourceQuota keys) are read."""
         return model_config.RequestConfig(
+            names=self.resource_names,
             memory_factor=self.memory_factor,
             default_memory=self.default_memory,
             default_cores=self.default_cores,
@@ -304,14 +327,19 @@ def validate(values: Mapping[str, Any]) -> Settings:
     except msgspec.ValidationError as err:
         raise ConfigError(f"invalid setting: {err}") from None
     problems: list[str] = []
-    for field in ("node_policy", "card_policy"):
-        name = getattr(settings, field)
-        if name not in registry.names():
-            problems.append(f"{field}: unknown policy {name!r}; known: {', '.join(registry.names())}")
+    if settings.node_policy not in registry.names():
+        problems.append(
+            f"node_policy: unknown policy {settings.node_policy!r}; known: {', '.join(registry.names())}"
+        )
+    try:
+        chains.card_policy(settings.card_policy)
+    except registry.UnknownPolicyError as err:
+        problems.append(f"card_policy: {err}")
     if settings.memory_scaling <= 0 or settings.core_scaling <= 0:
         problems.append("memory_scaling and core_scaling must be > 0")
     if settings.memory_factor < 1:
         problems.append("memory_factor must be >= 1")
+    problems.extend(model_config.resource_name_problems(settings.resource_names))
     problems.extend(_listen_problems(settings))
     if bool(settings.tls_cert) != bool(settings.tls_key):
         problems.append("tls_cert and tls_key must be given together")

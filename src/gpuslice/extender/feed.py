@@ -104,7 +104,10 @@ class Feed:
         self._restarts = [0] * len(self.informers)
         self.kube = kube
         self.health = liveness.NodeHealth(
-            s.handshake_timeout_s, s.stuck_lock_s, stall_cooloff_s=STALL_COOLOFF_FACTOR * s.allocate_timeout_s
+            s.handshake_timeout_s,
+            s.stuck_lock_s,
+            stall_cooloff_s=STALL_COOLOFF_FACTOR * s.allocate_timeout_s,
+            gpu_resource=s.request_config.names.count,
         )
         self.unbound_claims: dict[str, objects.Pod] = {}
         """Pod key -> pod, for pods with ``hami.io/vgpu-node`` and no ``spec.nodeName``."""

@@ -36,9 +36,9 @@ from gpuslice.kube import objects
 from gpuslice.model import status
 
 
-def allocatable_gpus(node: objects.Node) -> int:
-    """The node's allocatable ``nvidia.com/gpu`` (0 when absent or unreadable)."""
-    text = node.status.allocatable.get(handshake.GPU_RESOURCE, "0")
+def allocatable_gpus(node: objects.Node, resource: str = handshake.GPU_RESOURCE) -> int:
+    """The node's allocatable count resource (``nvidia.com/gpu`` unless renamed; 0 when absent)."""
+    text = node.status.allocatable.get(resource, "0")
     return int(text) if text.isdigit() else 0
 
 
@@ -48,11 +48,18 @@ class NodeHealth:
     Args:
         handshake_timeout_s: how long a ``Requesting_`` handshake may stay unanswered.
         stuck_lock_s: how long one owner may hold the node lock before the node is avoided.
+        stall_cooloff_s: how long a node whose device plugin left an Allocate unanswered is avoided.
+        gpu_resource: the count resource kubelet advertises (HAMi's ``resourceCountName``).
     """
 
     def __init__(
-        self, handshake_timeout_s: float, stuck_lock_s: float, stall_cooloff_s: float = 300.0
+        self,
+        handshake_timeout_s: float,
+        stuck_lock_s: float,
+        stall_cooloff_s: float = 300.0,
+        gpu_resource: str = handshake.GPU_RESOURCE,
     ) -> None:
+        self.gpu_resource = gpu_resource
         self.handshake_ttl = dt.timedelta(seconds=handshake_timeout_s)
         self.stuck_lock_s = stuck_lock_s
         self.stall_cooloff_s = stall_cooloff_s
@@ -144,7 +151,7 @@ class NodeHealth:
 
     def _judge(self, name: str, now: float, monotonic: float) -> None:
         node = self._nodes[name]
-        handshake_decides = allocatable_gpus(node) == 0 and name not in self._advertised
+        handshake_decides = allocatable_gpus(node, self.gpu_resource) == 0 and name not in self._advertised
         if handshake_decides or name in self._locks or name in self._stalled:
             self._timed.add(name)
         else:
@@ -157,7 +164,7 @@ class NodeHealth:
 
     def _reason(self, name: str, now: float, monotonic: float) -> str | None:
         node = self._nodes[name]
-        if allocatable_gpus(node) > 0:
+        if allocatable_gpus(node, self.gpu_resource) > 0:
             self._advertised.add(name)
         elif name in self._advertised or not self._answered(node, now):
             return status.NODE_HANDSHAKE_STALE

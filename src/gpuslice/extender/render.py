@@ -1,10 +1,17 @@
 """``gpuslice render scheduler-config``: the KubeSchedulerConfiguration that wires kube-scheduler to us.
 
-The extender block follows extender-protocol.md section 10: filter, prioritize (weight > 0 is
-required), bind and preempt verbs, ``nodeCacheCapable: true`` (node names only, no Node lists on
-the wire), every GPU resource managed and ``ignoredByScheduler: true`` (nodes advertise only
-``nvidia.com/gpu``; the others would fail the in-tree fit), ``ignorable: false`` (a pod must not be
-placed without its cards), and ``percentageOfNodesToScore: 100`` so every feasible node reaches us.
+The extender block: filter, prioritize (weight > 0 is required), bind and preempt verbs,
+``nodeCacheCapable: true`` (node names only, no Node lists on the wire), every GPU resource
+managed and ``ignoredByScheduler: true`` (nodes advertise only the card count; the others would
+fail the in-tree fit), ``ignorable: false`` (a pod must not be placed without its cards), and
+``percentageOfNodesToScore: 100`` so every feasible node reaches us.
+
+The managed resources are the configured names (``--resource-count-name``,
+``--resource-memory-name``, ``--resource-memory-percentage-name``, ``--resource-core-name``,
+``--resource-priority-name``, as ``gpuslice serve`` takes them): count, memory, percentage,
+cores, and priority, which HAMi's chart lists too (``charts/hami/templates/scheduler/
+configmapnew.yaml``): no node advertises it, so without ``ignoredByScheduler`` a pod naming it
+would never fit.
 
 An https URL needs a way to trust the extender: ``tlsConfig.caFile`` (kube-scheduler's
 ``ExtenderTLSConfig``), or ``insecure: true`` when asked for explicitly; with neither,
@@ -41,7 +48,7 @@ _DEFAULT_NAMES = model_config.ResourceNames()
 
 def managed_resources(names: model_config.ResourceNames = _DEFAULT_NAMES) -> list[str]:
     """The extended resources the extender owns (decides kube-scheduler's ``IsInterested``)."""
-    return [names.count, names.memory, names.memory_percentage, names.cores]
+    return list(names.all())
 
 
 def scheduler_config(
@@ -63,6 +70,7 @@ def scheduler_config(
     retry_period: str = DEFAULT_RETRY_PERIOD,
     lease_name: str | None = None,
     lease_namespace: str = DEFAULT_LEASE_NAMESPACE,
+    names: model_config.ResourceNames = _DEFAULT_NAMES,
 ) -> dict[str, Any]:
     """The configuration as a plain dict (see the module docstring).
 
@@ -84,13 +92,18 @@ def scheduler_config(
         retry_period: ``leaderElection.retryPeriod`` (a Go duration).
         lease_name: ``leaderElection.resourceName``; None = ``scheduler_name``.
         lease_namespace: ``leaderElection.resourceNamespace``.
+        names: the GPU resource names (``managedResources``).
 
     Raises:
         ValueError: for a weight below 1 (kube-scheduler rejects it when prioritizeVerb is set),
-            TLS options that do not fit the URL, or invalid leader-election timings.
+            TLS options that do not fit the URL, invalid leader-election timings, or resource
+            names that are not distinct extended-resource names.
     """
     if weight < 1:
         raise ValueError("weight must be >= 1 when prioritizeVerb is set")
+    problems = model_config.resource_name_problems(names)
+    if problems:
+        raise ValueError("; ".join(problems))
     _duration("http timeout", http_timeout)
     tls = _tls_config(url, ca_file, client_cert, client_key, server_name, insecure_tls)
     extender: dict[str, Any] = {
@@ -108,7 +121,7 @@ def scheduler_config(
     if tls is not None:
         extender["enableHTTPS"] = True
         extender["tlsConfig"] = tls
-    extender["managedResources"] = [{"name": n, "ignoredByScheduler": True} for n in managed_resources()]
+    extender["managedResources"] = [{"name": n, "ignoredByScheduler": True} for n in managed_resources(names)]
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -232,6 +245,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sc.add_argument(
         "--insecure-skip-tls-verify", action="store_true", help="https: do not verify the extender"
     )
+    for setting, field in model_config.NAME_SETTINGS.items():
+        default = getattr(_DEFAULT_NAMES, field)
+        sc.add_argument(
+            "--" + setting.replace("_", "-"),
+            dest=setting,
+            default=default,
+            metavar="NAME",
+            help=f"managed resource for {field.replace('_', ' ')} (default {default})",
+        )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -255,6 +277,7 @@ def main(args: argparse.Namespace) -> int:
             retry_period=args.retry_period,
             lease_name=args.lease_name,
             lease_namespace=args.lease_namespace,
+            names=model_config.resource_names({s: getattr(args, s) for s in model_config.NAME_SETTINGS}),
         )
     except ValueError as err:
         print(f"gpuslice render: {err}", file=sys.stderr)

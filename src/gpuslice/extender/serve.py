@@ -188,6 +188,7 @@ def main(args: argparse.Namespace) -> int:
         metrics_listen=settings.metrics_listen or None,
         node_policy=settings.node_policy,
         card_policy=settings.card_policy,
+        resources=",".join(settings.resource_names.all()),
         tls=bool(settings.tls_cert),
         client_ca=bool(settings.tls_client_ca),
     )

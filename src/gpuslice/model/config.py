@@ -1,18 +1,121 @@
-"""Scheduler-side settings that change how requests are read (HAMi's ``nvidia:`` config block)."""
+"""Scheduler-side settings that change how requests are read (HAMi's ``nvidia:`` config block).
+
+Resource names are settings, as in HAMi (``resourceCountName``, ``resourceMemoryName``,
+``resourceMemoryPercentageName``, ``resourceCoreName``, ``resourcePriorityName`` in
+``pkg/device/nvidia/device.go`` ``NvidiaConfig``). Each must be a Kubernetes extended-resource
+name (``extended_resource_problem``) and the five must differ (``resource_name_problems``).
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 import msgspec
+
+CORES_QUOTA_ALIAS = "nvidia.com/cores"
+"""Quota key the design documents use for GPU cores; read as the cores resource (see
+``ResourceNames.cores_quota_aliases``)."""
+
+DEFAULT_CORES_NAME = "nvidia.com/gpucores"
 
 
 class ResourceNames(msgspec.Struct, frozen=True, kw_only=True):
-    """Extended-resource names a pod uses to ask for GPUs."""
+    """Extended-resource names a pod uses to ask for GPUs.
+
+    Attributes:
+        count: cards (HAMi's ``resourceCountName``).
+        memory: MiB per card (``resourceMemoryName``).
+        memory_percentage: percent of each card's memory (``resourceMemoryPercentageName``).
+        cores: percent of each card's SMs (``resourceCoreName``).
+        priority: task priority, which only becomes ``CUDA_TASK_PRIORITY`` in the container
+            (``resourcePriorityName``).
+    """
 
     count: str = "nvidia.com/gpu"
     memory: str = "nvidia.com/gpumem"
     memory_percentage: str = "nvidia.com/gpumem-percentage"
-    cores: str = "nvidia.com/gpucores"
+    cores: str = DEFAULT_CORES_NAME
     priority: str = "nvidia.com/priority"
+
+    def all(self) -> tuple[str, str, str, str, str]:
+        """The five names: count, memory, percentage, cores, priority."""
+        return (self.count, self.memory, self.memory_percentage, self.cores, self.priority)
+
+    @property
+    def cores_quota_aliases(self) -> tuple[str, ...]:
+        """Other ResourceQuota keys read as the cores resource: ``nvidia.com/cores``, or none.
+
+        The alias belongs to the default naming: it applies while the cores resource is
+        ``nvidia.com/gpucores`` and no configured name is ``nvidia.com/cores`` itself. With a
+        renamed cores resource, quotas name that resource only (an operator who renames it has
+        no use for an ``nvidia.com`` key, and the alias must never shadow a configured name).
+        """
+        if self.cores != DEFAULT_CORES_NAME or CORES_QUOTA_ALIAS in self.all():
+            return ()
+        return (CORES_QUOTA_ALIAS,)
+
+
+NAME_SETTINGS: dict[str, str] = {
+    "resource_count_name": "count",
+    "resource_memory_name": "memory",
+    "resource_memory_percentage_name": "memory_percentage",
+    "resource_core_name": "cores",
+    "resource_priority_name": "priority",
+}
+"""Setting -> ``ResourceNames`` field, the same in every command (HAMi's keys in snake case)."""
+
+_DNS1123_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(?:\.{_DNS1123_LABEL})*", re.ASCII)
+_NAME_PART = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]", re.ASCII)
+_QUOTA_PREFIX = "requests."
+
+
+def extended_resource_problem(name: str) -> str | None:
+    """Why ``name`` is not a Kubernetes extended-resource name; None when it is one.
+
+    Kubernetes' rule (``IsExtendedResourceName`` in ``pkg/apis/core/helper/helpers.go``, with
+    apimachinery's ``IsQualifiedName``): a domain prefix and a name (``example.com/vgpu``); not a
+    native resource (no prefix, or one containing ``kubernetes.io/``); not starting with
+    ``requests.``; and ``requests.<name>`` must still be a qualified name (prefix a DNS-1123
+    subdomain of at most 253 characters, name part at most 63 alphanumerics, ``-``, ``_``, ``.``).
+    """
+    if "/" not in name:
+        return "needs a domain prefix such as example.com/ (a name without one is a native resource)"
+    if "kubernetes.io/" in name:
+        return "the kubernetes.io/ prefix is reserved for native resources"
+    if name.startswith(_QUOTA_PREFIX):
+        return "must not start with requests. (the ResourceQuota prefix)"
+    prefix, _, part = name.partition("/")
+    quota_prefix = _QUOTA_PREFIX + prefix
+    if not prefix or len(quota_prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(quota_prefix):
+        return "the prefix must be a lower-case DNS subdomain such as example.com"
+    if len(part) > 63 or not _NAME_PART.fullmatch(part):
+        return "the name after / must be 1..63 letters, digits, -, _ or . and start and end alphanumeric"
+    return None
+
+
+def resource_name_problems(names: ResourceNames) -> list[str]:
+    """Problems with configured resource names, each naming its setting; empty when valid."""
+    problems: list[str] = []
+    by_name: dict[str, list[str]] = {}
+    for setting, field in NAME_SETTINGS.items():
+        value = getattr(names, field)
+        problem = extended_resource_problem(value)
+        if problem is not None:
+            problems.append(f"{setting}: {value!r} is not an extended-resource name: {problem}")
+        by_name.setdefault(value, []).append(setting)
+    problems.extend(
+        f"{' and '.join(settings)} must differ, got {value!r} for each"
+        for value, settings in by_name.items()
+        if len(settings) > 1
+    )
+    return problems
+
+
+def resource_names(values: Mapping[str, str]) -> ResourceNames:
+    """``ResourceNames`` from settings keyed as ``NAME_SETTINGS`` (missing keys keep the default)."""
+    return ResourceNames(**{field: values[s] for s, field in NAME_SETTINGS.items() if s in values})
 
 
 class RequestConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from gpuslice.model import config as model_config
+
 ENV_PREFIX = "GPUSLICE_WEBHOOK_"
 DEFAULT_SCHEDULER_NAME = "gpuslice-scheduler"
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
@@ -37,6 +39,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         deny_privileged: refuse GPU pods with a privileged container (HAMi's webhook does).
         kubeconfig: kubeconfig path; '' = in-cluster, else ``$KUBECONFIG`` or ``~/.kube/config``.
         verbosity: log level (``-v``): 0 refusals, 2 patches, 4 every review.
+        resource_count_name: the extended resource that asks for cards (HAMi's
+            ``resourceCountName``); this and the next four must equal ``gpuslice serve``'s.
+        resource_memory_name: MiB per card (``resourceMemoryName``).
+        resource_memory_percentage_name: percent of each card's memory
+            (``resourceMemoryPercentageName``).
+        resource_core_name: percent of each card's SMs (``resourceCoreName``).
+        resource_priority_name: task priority (``resourcePriorityName``).
     """
 
     listen: str = "127.0.0.1:8443"
@@ -46,6 +55,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     deny_privileged: bool = False
     kubeconfig: str = ""
     verbosity: int = 0
+    resource_count_name: str = "nvidia.com/gpu"
+    resource_memory_name: str = "nvidia.com/gpumem"
+    resource_memory_percentage_name: str = "nvidia.com/gpumem-percentage"
+    resource_core_name: str = "nvidia.com/gpucores"
+    resource_priority_name: str = "nvidia.com/priority"
+
+    @property
+    def resource_names(self) -> model_config.ResourceNames:
+        """The configured resource names."""
+        return model_config.resource_names({s: getattr(self, s) for s in model_config.NAME_SETTINGS})
+
+    @property
+    def request_config(self) -> model_config.RequestConfig:
+        """How the webhook reads container resources (HAMi's defaults, the configured names)."""
+        return model_config.RequestConfig(names=self.resource_names)
 
     @property
     def host(self) -> str:
@@ -90,6 +114,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig", default=argparse.SUPPRESS, help="kubeconfig (default: in-cluster, $KUBECONFIG)"
     )
     parser.add_argument("-v", "--verbosity", type=int, default=argparse.SUPPRESS, help="log level 0..10")
+    defaults = model_config.ResourceNames()
+    for setting, field in model_config.NAME_SETTINGS.items():
+        parser.add_argument(
+            "--" + setting.replace("_", "-"),
+            dest=setting,
+            default=argparse.SUPPRESS,
+            metavar="NAME",
+            help=f"extended resource for {field.replace('_', ' ')} (default {getattr(defaults, field)})",
+        )
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -138,6 +171,7 @@ def validate(values: Mapping[str, Any]) -> Settings:
         problems.append(f"kubeconfig: no such file {settings.kubeconfig!r}")
     if not 0 <= settings.verbosity <= 10:
         problems.append("verbosity must be in 0..10")
+    problems.extend(model_config.resource_name_problems(settings.resource_names))
     if problems:
         raise ConfigError("; ".join(problems))
     return settings

@@ -1,7 +1,8 @@
 """Which pods the webhook acts on, and a walk over their containers.
 
 A GPU pod is one that names any managed GPU resource (``nvidia.com/gpu``, ``gpumem``,
-``gpumem-percentage``, ``gpucores``: ``gpuslice.model.config.ResourceNames``) in the limits or
+``gpumem-percentage``, ``gpucores``, or the names configured in
+``gpuslice.model.config.ResourceNames``; the priority resource alone does not count) in the limits or
 requests of any container or init container; the key alone counts, as in HAMi's webhook
 (``pkg/device/nvidia/device.go``, ``mutateContainerResource``), so ``nvidia.com/gpu: 0`` does too.
 Pods labelled ``hami.io/webhook: ignore`` opted out of HAMi's webhook and are left alone.

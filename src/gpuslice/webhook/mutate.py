@@ -11,6 +11,7 @@ Follows HAMi's ``pkg/scheduler/webhook.go`` (``Handle``) and ``pkg/device/nvidia
   limits give only gpumem / gpumem-percentage / gpucores, and ``nvidia.com/gpucores: 100`` when
   the container has cards, no gpucores and whole-card memory (HAMi's exclusive whole card).
 
+Resource names come from ``Options.request_config.names`` (``--resource-*-name``), never constants.
 The rules themselves are ``gpuslice.codec.resources.webhook_limits`` and ``webhook_request``, the
 code the scheduler reads pods with; the patch adds exactly the difference between the request
 with the webhook's rules and HAMi's plain parse of the patched container, so a pod parses to the

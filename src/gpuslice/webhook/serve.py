@@ -57,8 +57,12 @@ def build(settings: config.Settings, log: logging.Logger) -> apps.Deps:
             await kube.aclose()
 
     return apps.Deps(
-        mutate_options=mutate.Options(scheduler_name=settings.scheduler_name),
-        validate_options=validate.Options(deny_privileged=settings.deny_privileged),
+        mutate_options=mutate.Options(
+            scheduler_name=settings.scheduler_name, request_config=settings.request_config
+        ),
+        validate_options=validate.Options(
+            deny_privileged=settings.deny_privileged, request_config=settings.request_config
+        ),
         metrics=metrics.Metrics(),
         log=log,
         verbosity=settings.verbosity,
@@ -82,11 +86,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"gpuslice webhook: cannot start: {err}", file=sys.stderr)
         return 1
     log.info(
-        "serving listen=%s tls=%s scheduler_name=%s deny_privileged=%s",
+        "serving listen=%s tls=%s scheduler_name=%s deny_privileged=%s resources=%s",
         settings.listen,
         bool(settings.tls_cert),
         settings.scheduler_name,
         settings.deny_privileged,
+        ",".join(settings.resource_names.all()),
     )
     uvicorn.run(
         apps.create_app(deps),

@@ -3,20 +3,24 @@
 A GPU pod (``gpupod.wants_gpu``) being created is refused, with every problem named in one
 message, when:
 
-* a managed resource (``nvidia.com/gpu``, ``gpumem``, ``gpumem-percentage``, ``gpucores``) in
-  limits or requests is not a non-negative integer; ``gpumem-percentage`` is outside 1..100 or
-  ``gpucores`` outside 0..100 (HAMi's webhook refuses percentages outside 0..100,
-  ``validateMemoryPercentage`` in ``pkg/device/nvidia/device.go``; 0 would be ignored, so it is
-  refused here as a mistake);
+* a managed resource (``nvidia.com/gpu``, ``gpumem``, ``gpumem-percentage``, ``gpucores``, or
+  their configured names) in limits or requests is not a non-negative integer;
+  ``gpumem-percentage`` is outside 1..100 or ``gpucores`` outside 0..100. HAMi's webhook refuses
+  percentages outside 0..100 (``validateMemoryPercentage`` in ``pkg/device/nvidia/device.go``)
+  and so does the scheduler's reader (``codec.resources.container_request``: the same upper
+  bound, ``resources.PERCENTAGE_RANGE``), so what this route lets through the scheduler reads.
+  0 is refused here only: the scheduler reads it as HAMi does, as "unset" (the memory then
+  comes from gpumem, the default memory or the whole card, and no exclusive card), which a user
+  writing 0 % almost never means, so at create time it is refused as a likely mistake;
 * a container asks more cards than the largest registered node has (``max_cards``). This check
   fails open: with no GPU node registered yet, or before the node informer has listed,
   ``max_cards`` is None and the check is skipped, so an operator who installs gpuslice before
   the device plugins is not blocked;
-* ``hami.io/node-scheduler-policy`` or ``hami.io/gpu-scheduler-policy`` names no registered policy.
-  The values are read by ``codec.pod_selectors`` and looked up in ``policy.registry`` exactly as
-  the extender does, so the webhook refuses what the scheduler would answer ``InvalidRequest``
-  to; HAMi's comma chains (``binpack,numa``) and ``mutex`` / ``numa`` are not registered
-  policies, so they are refused too;
+* ``hami.io/node-scheduler-policy`` names no registered policy, or
+  ``hami.io/gpu-scheduler-policy`` is neither a registered policy nor a valid HAMi chain of sort
+  keys and filters (``binpack,numa``, ``mutex,spread``; ``policy.chains``). The values are read by
+  ``codec.pod_selectors`` and resolved exactly as the extender resolves them, so the webhook
+  refuses what the scheduler would answer ``InvalidRequest`` to;
 * ``hami.io/device-scoring-weights`` or ``hami.io/numa-hint`` is malformed, or anything else
   ``codec.resources.parse_pod`` (the scheduler's reader) rejects;
 * ``spec.nodeName`` is preset (HAMi: ``pod has node assigned``): the pod would bypass the scheduler;
@@ -35,7 +39,7 @@ import msgspec
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, pod_selectors, podspec, quantity, resources
 from gpuslice.model import config as model_config
-from gpuslice.policy import registry
+from gpuslice.policy import chains, registry
 from gpuslice.webhook import gpupod, review
 
 INVALID = 400
@@ -67,14 +71,20 @@ def _amount(container: str, name: str, raw: object) -> tuple[int | None, str | N
 
 
 def _range(config: model_config.RequestConfig) -> dict[str, tuple[int, int]]:
+    """Allowed values per resource: the reader's percentage range without 0, cores 0..100."""
     names = config.names
-    return {names.memory_percentage: (1, 100), names.cores: (0, 100)}
+    high = resources.PERCENTAGE_RANGE[1]
+    return {names.memory_percentage: (1, high), names.cores: (0, 100)}
 
 
 def container_problems(
     c: gpupod.Container, config: model_config.RequestConfig, max_cards: int | None
 ) -> list[str]:
-    """Problems with one container's GPU amounts."""
+    """Problems with one container's GPU amounts (every value in limits and in requests).
+
+    Every percentage ``codec.resources.container_request`` refuses is refused here too, with the
+    container's name; 0 is refused here as well (see the module docstring).
+    """
     problems: list[str] = []
     ranges = _range(config)
     name_q = _quote(c.name)
@@ -108,16 +118,19 @@ def _quote(name: str) -> str:
 
 
 def policy_problems(annotations: Mapping[str, str]) -> list[str]:
-    """Unknown node or card policy names (read as the extender reads them)."""
+    """Unknown node or card policies (read as the extender reads them; card policies may be chains)."""
     problems: list[str] = []
-    known = registry.names()
-    for key, value in (
-        (keys.NODE_SCHEDULER_POLICY, pod_selectors.node_policy(annotations)),
-        (keys.GPU_SCHEDULER_POLICY, pod_selectors.card_policy(annotations)),
-    ):
-        if value is not None and value not in known:
-            chain = " (comma chains are not supported)" if "," in value else ""
-            problems.append(f"{key}: unknown policy {value!r}{chain}; known: {', '.join(known)}")
+    node = pod_selectors.node_policy(annotations)
+    if node is not None and node not in registry.names():
+        problems.append(
+            f"{keys.NODE_SCHEDULER_POLICY}: unknown policy {node!r}; known: {', '.join(registry.names())}"
+        )
+    card = pod_selectors.card_policy(annotations)
+    if card is not None:
+        try:
+            chains.card_policy(card)
+        except registry.UnknownPolicyError as err:
+            problems.append(f"{keys.GPU_SCHEDULER_POLICY}: {err}")
     return problems
 
 

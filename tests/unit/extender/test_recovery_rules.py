@@ -222,3 +222,18 @@ def test_a_stalled_allocate_excludes_the_node_until_the_plugin_answers_or_it_coo
     assert h.excluded == {"n1": status.NODE_ALLOCATE_STALLED}
     h.tick(NOW + 41, 41.0)
     assert h.excluded == {}
+
+
+def test_a_renamed_count_resource_is_what_liveness_reads() -> None:
+    def gpu_node(count: str) -> objects.Node:
+        meta = objects.ObjectMeta(name="n1", annotations={keys.NODE_REGISTER: "[]"})
+        return objects.Node(metadata=meta, status=objects.NodeStatus(allocatable={"example.com/vgpu": count}))
+
+    h = liveness.NodeHealth(handshake_timeout_s=60, stuck_lock_s=5, gpu_resource="example.com/vgpu")
+    h.observe(gpu_node("8"), False, NOW, 0.0)
+    assert h.excluded == {}
+    h.observe(gpu_node("0"), False, NOW + 1, 1.0)
+    assert h.excluded == {"n1": status.NODE_HANDSHAKE_STALE}
+    # the default name is not consulted once renamed
+    assert liveness.allocatable_gpus(gpu_node("8")) == 0
+    assert liveness.allocatable_gpus(gpu_node("8"), "example.com/vgpu") == 8

@@ -115,6 +115,17 @@ def test_invalid_settings_raise_config_error(values: dict[str, object], fragment
         config.validate(values)
 
 
+@pytest.mark.parametrize("value", ["binpack,numa", "mutex", "numa,spread", "mutex,topology-aware", "fgd"])
+def test_card_policy_may_be_a_hami_chain(value: str) -> None:
+    assert config.validate({"card_policy": value}).card_policy == value
+
+
+@pytest.mark.parametrize(("value", "fragment"), [("fgd,numa", "cannot be chained"), ("binpack,x", "'x'")])
+def test_invalid_card_policy_chains_are_refused(value: str, fragment: str) -> None:
+    with pytest.raises(config.ConfigError, match=fragment):
+        config.validate({"card_policy": value})
+
+
 def test_unknown_file_key_is_rejected(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("nodepolicy: binpack\n")
@@ -143,6 +154,7 @@ def test_scheduler_config_has_every_required_field() -> None:
         "nvidia.com/gpumem",
         "nvidia.com/gpumem-percentage",
         "nvidia.com/gpucores",
+        "nvidia.com/priority",
     ]
     assert all(m["ignoredByScheduler"] for m in ext["managedResources"])
 

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuslice.model import config as model_config
 from gpuslice.webhook import config
 
 pytestmark = pytest.mark.unit
@@ -63,7 +64,43 @@ def test_env_names() -> None:
         "GPUSLICE_WEBHOOK_DENY_PRIVILEGED",
         "GPUSLICE_WEBHOOK_KUBECONFIG",
         "GPUSLICE_WEBHOOK_VERBOSITY",
+        "GPUSLICE_WEBHOOK_RESOURCE_COUNT_NAME",
+        "GPUSLICE_WEBHOOK_RESOURCE_MEMORY_NAME",
+        "GPUSLICE_WEBHOOK_RESOURCE_MEMORY_PERCENTAGE_NAME",
+        "GPUSLICE_WEBHOOK_RESOURCE_CORE_NAME",
+        "GPUSLICE_WEBHOOK_RESOURCE_PRIORITY_NAME",
     ]
+
+
+def test_resource_names_from_environment_and_flags() -> None:
+    s = config.parse([], environ={})
+    assert s.resource_names == model_config.ResourceNames()
+    assert s.request_config == model_config.DEFAULT_REQUEST_CONFIG
+    env = {
+        "GPUSLICE_WEBHOOK_RESOURCE_COUNT_NAME": "example.com/vgpu",
+        "GPUSLICE_WEBHOOK_RESOURCE_MEMORY_NAME": "example.com/vmem",
+    }
+    s = config.parse(
+        [
+            "--resource-memory-name",
+            "flag.io/vmem",
+            "--resource-memory-percentage-name",
+            "flag.io/pct",
+            "--resource-core-name",
+            "flag.io/cores",
+            "--resource-priority-name",
+            "flag.io/prio",
+        ],
+        environ=env,
+    )
+    want = model_config.ResourceNames(
+        count="example.com/vgpu",
+        memory="flag.io/vmem",
+        memory_percentage="flag.io/pct",
+        cores="flag.io/cores",
+        priority="flag.io/prio",
+    )
+    assert s.resource_names == want and s.request_config.names == want
 
 
 @pytest.mark.parametrize(
@@ -78,6 +115,12 @@ def test_env_names() -> None:
         ([], {"GPUSLICE_WEBHOOK_DENY_PRIVILEGED": "perhaps"}, "deny_privileged"),
         ([], {"GPUSLICE_WEBHOOK_VERBOSITY": "loud"}, "verbosity"),
         (["--kubeconfig", "/nonexistent"], {}, "kubeconfig"),
+        (["--resource-count-name", "gpu"], {}, "resource_count_name: 'gpu' is not an extended-resource name"),
+        (
+            [],
+            {"GPUSLICE_WEBHOOK_RESOURCE_MEMORY_NAME": "nvidia.com/gpu"},
+            "resource_count_name and resource_memory_name must differ",
+        ),
     ],
 )
 def test_invalid_settings(argv: list[str], env: dict[str, str], fragment: str) -> None:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslice.codec import resources
+from gpuslice.codec import errors, resources
 from gpuslice.model import config as model_config
 from gpuslice.webhook import mutate, review
 from tests.unit.webhook.builders import CORES, GPU, MEM, PCT, apply_patch, ctr, defaulted, pod
@@ -56,6 +56,9 @@ CONTAINER_CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
     ("gpu-and-percentage-50-unchanged", ctr(limits={GPU: "1", PCT: "50"}), []),
     ("gpu-and-percentage-100-exclusive", ctr(limits={GPU: "2", PCT: "100"}), both(CORES, "100")),
     ("zero-gpus-no-defaults", ctr(limits={GPU: "0"}), []),
+    # HAMi's "unset" percentage and a literal gpumem 0 name a memory amount: no exclusive card.
+    ("gpu-and-percentage-0-not-exclusive", ctr(limits={GPU: "1", PCT: "0"}), []),
+    ("gpu-and-gpumem-0-not-exclusive", ctr(limits={GPU: "1", MEM: "0"}), []),
 ]
 
 
@@ -186,6 +189,14 @@ def _build(spec: tuple[dict[str, Any], dict[str, Any], bool], i: int) -> dict[st
     return defaulted(c) if apiserver else c
 
 
+def _parsed(p: dict[str, Any]) -> object:
+    """The scheduler's reading of a pod, or its refusal (a percentage outside 0..100 is one)."""
+    try:
+        return resources.parse_pod(p)
+    except errors.DecodeError as err:
+        return str(err)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(CONTAINER, min_size=1, max_size=3), st.lists(CONTAINER, max_size=2))
 def test_property_patch_preserves_parse_and_is_idempotent(
@@ -198,7 +209,7 @@ def test_property_patch_preserves_parse_and_is_idempotent(
     decision = mutate.mutate_pod(before, OPTS)
     assert decision.allowed
     after = apply_patch(before, ops(decision))
-    assert resources.parse_pod(after) == resources.parse_pod(before)
+    assert _parsed(after) == _parsed(before)
     again = mutate.mutate_pod(after, OPTS)
     assert again.allowed and again.patch == ()
     # What the webhook adds is added to requests too whenever the container's requests name a GPU
@@ -211,3 +222,16 @@ def test_property_patch_preserves_parse_and_is_idempotent(
         res_old, res_new = old.get("resources") or {}, new.get("resources") or {}
         if res_old.get("requests") and res_old.get("limits") == res_old.get("requests"):
             assert res_new["limits"] == res_new["requests"]
+
+
+def test_renamed_resources_get_the_defaults_under_their_names() -> None:
+    names = model_config.ResourceNames(
+        count="example.com/vgpu", memory="example.com/vmem", cores="example.com/vcores"
+    )
+    opts = mutate.Options(request_config=model_config.RequestConfig(names=names))
+    bare = mutate.mutate_pod(pod(ctr(limits={"example.com/vgpu": "1"})), opts)
+    assert ops(bare) == [SCHED, lim("example.com/vcores", "100")]
+    share = mutate.mutate_pod(pod(ctr(limits={"example.com/vmem": "3000"})), opts)
+    assert ops(share) == [SCHED, lim("example.com/vgpu", "1")]
+    # The default names are not GPU resources under this configuration: the pod is left alone.
+    assert mutate.mutate_pod(pod(ctr(limits={GPU: "1"})), opts).patch == ()

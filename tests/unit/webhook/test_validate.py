@@ -4,13 +4,25 @@ from typing import Any
 
 import pytest
 
-from gpuslice.policy import registry
+from gpuslice.codec import errors, resources
+from gpuslice.model import config as model_config
+from gpuslice.policy import chains, registry
 from gpuslice.webhook import validate
 from tests.unit.webhook.builders import CORES, GPU, MEM, PCT, ctr, defaulted, pod
 
 pytestmark = pytest.mark.unit
 
 OPTS = validate.Options()
+
+
+def _chain_error(value: str) -> str:
+    """The extender's own refusal of a card-policy chain (``policy.chains``)."""
+    try:
+        chains.card_policy(value)
+    except registry.UnknownPolicyError as err:
+        return str(err)
+    raise AssertionError(f"{value!r} is a valid chain")
+
 
 # (id, pod, max_cards, expected message (exact), expected code)
 REFUSED: list[tuple[str, dict[str, Any], int | None, str, int]] = [
@@ -85,11 +97,24 @@ REFUSED: list[tuple[str, dict[str, Any], int | None, str, int]] = [
         400,
     ),
     (
-        "gpu-policy-chain",
-        pod(ctr(limits={GPU: "1"}), annotations={"hami.io/gpu-scheduler-policy": "binpack,numa"}),
+        "gpu-policy-bad-chain",
+        pod(ctr(limits={GPU: "1"}), annotations={"hami.io/gpu-scheduler-policy": "binpack,nope"}),
         None,
-        "hami.io/gpu-scheduler-policy: unknown policy 'binpack,numa' (comma chains are not supported); "
-        f"known: {', '.join(registry.names())}",
+        f"hami.io/gpu-scheduler-policy: {_chain_error('binpack,nope')}",
+        400,
+    ),
+    (
+        "percentage-negative",
+        pod(ctr("train", limits={GPU: "1", PCT: "-1"})),
+        None,
+        'container "train": nvidia.com/gpumem-percentage must be a non-negative integer, got -1',
+        400,
+    ),
+    (
+        "percentage-fractional",
+        pod(ctr("train", limits={GPU: "1", PCT: "50.5"})),
+        None,
+        'container "train": nvidia.com/gpumem-percentage must be a non-negative integer, got 50.5',
         400,
     ),
     (
@@ -142,6 +167,12 @@ ALLOWED: list[tuple[str, dict[str, Any], int | None]] = [
     ("count-equals-largest-node", pod(ctr(limits={GPU: "8"})), 8),
     ("capacity-unknown-fails-open", pod(ctr(limits={GPU: "64"})), None),
     ("percentage-1-and-cores-0", pod(ctr(limits={GPU: "1", PCT: "1", CORES: "0"})), None),
+    ("percentage-100", pod(defaulted(ctr(limits={GPU: "1", PCT: "100"}))), None),
+    (
+        "gpu-policy-chain",
+        pod(ctr(limits={GPU: "1"}), annotations={"hami.io/gpu-scheduler-policy": "binpack,numa"}),
+        None,
+    ),
     ("zero-count", pod(ctr(limits={GPU: "0"})), 8),
     ("large-gpumem-in-Mi-suffix-is-integer", pod(ctr(limits={GPU: "1", MEM: "1Ki"})), None),
     (
@@ -197,3 +228,36 @@ def test_undecodable_pod_is_an_error_decision() -> None:
     decision = validate.validate_pod(p, OPTS, None)
     assert not decision.allowed and decision.error and decision.result == "error"
     assert decision.message.startswith("cannot decode the pod: ")
+
+
+@pytest.mark.parametrize("pct", ["-1", "0", "101", "150", "99999999999999999999", "50.5", "500m"])
+def test_every_percentage_the_scheduler_refuses_is_refused_here_too(pct: str) -> None:
+    """The webhook's range (1..100) lies inside the reader's (0..100): what passes here, parses."""
+    p = pod(defaulted(ctr("train", limits={GPU: "1", PCT: pct})))
+    decision = validate.validate_pod(p, OPTS, None)
+    assert not decision.allowed and decision.code == 400
+    assert decision.message.startswith('container "train": nvidia.com/gpumem-percentage must be')
+    try:
+        resources.parse_pod(p)
+    except errors.DecodeError:
+        return
+    assert pct == "0"  # the one value only the webhook refuses: HAMi's "unset", a likely mistake
+
+
+RENAMED = model_config.ResourceNames(
+    count="example.com/vgpu", memory="example.com/vmem", memory_percentage="example.com/vpct"
+)
+
+
+def test_renamed_resources_are_validated_under_their_names() -> None:
+    opts = validate.Options(request_config=model_config.RequestConfig(names=RENAMED))
+    bad = pod(ctr("t", limits={"example.com/vgpu": "1", "example.com/vpct": "150"}))
+    decision = validate.validate_pod(bad, opts, None)
+    assert decision.message == 'container "t": example.com/vpct must be in 1..100, got 150'
+    too_many = pod(ctr("t", limits={"example.com/vgpu": "9"}))
+    assert validate.validate_pod(too_many, opts, 8).message == (
+        'container "t": example.com/vgpu is 9, more cards than any node registers (largest: 8)'
+    )
+    # The default names are ordinary resources now: not a GPU pod, nothing checked.
+    assert validate.validate_pod(pod(ctr(limits={GPU: "1", PCT: "150"})), opts, None).allowed
+    assert validate.validate_pod(pod(ctr(limits={"example.com/vmem": "10"})), opts, None).allowed
