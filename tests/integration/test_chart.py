@@ -285,6 +285,17 @@ def test_bad_resource_names_fail_to_render(values: dict[str, object], fragment: 
         chart.template(values)
 
 
+def test_overcommit_is_applied_once_by_the_registering_agent() -> None:
+    objects = chart.template(
+        {"overcommit.enabled": True, "overcommit.deviceMemoryScaling": 2, "agent.register": True}
+    )
+    pod = chart.find(objects, "Deployment", "gpuslice")["spec"]["template"]["spec"]
+    extender = next(c for c in pod["containers"] if c["name"] == "gpuslice")["command"]
+    assert not [a for a in extender if "scaling" in a], extender
+    agent = chart.find(objects, "DaemonSet", "-agent")["spec"]["template"]["spec"]["containers"][0]
+    assert "--memory-scaling=2" in agent["command"] + agent.get("args", [])
+
+
 def test_the_sidecar_mounts_what_its_configuration_names() -> None:
     objects = chart.template({"tls.clientCA": True})
     config = yaml.safe_load(chart.find(objects, "ConfigMap", "-scheduler-config")["data"]["config.yaml"])

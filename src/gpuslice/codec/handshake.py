@@ -1,4 +1,6 @@
-"""Node liveness: the ``hami.io/node-handshake`` check and HAMi's NVIDIA health rule (section 4.2).
+"""Node liveness: the ``hami.io/node-handshake`` check and HAMi's NVIDIA health rule.
+
+The contract is docs/hami-compat.md section 4.2.
 
 Both are pure: the caller passes ``now``, the node's allocatable ``nvidia.com/gpu`` and what it
 remembered from the previous check, then acts on the answer (patch a fresh handshake, drop the

@@ -5,7 +5,7 @@ One place for every key, so the extender, the agent and the tests cannot drift a
 
 from __future__ import annotations
 
-# Node annotations written by the HAMi device plugin (hami-protocol.md section 4).
+# Node annotations written by the HAMi device plugin (docs/hami-compat.md section 4).
 NODE_REGISTER = "hami.io/node-nvidia-register"
 """Card list, JSON (plugin >= v2.8) or the legacy colon format."""
 NODE_PAIR_SCORE = "hami.io/node-nvidia-score"
@@ -23,7 +23,7 @@ GPU_TOPOLOGY = "gpuslice.io/gpu-topology"
 GPU_TELEMETRY = "gpuslice.io/gpu-telemetry"
 """Per-card health and load readings (see ``gpuslice.codec.telemetry``)."""
 
-# Pod annotations written by the scheduler (section 5) and the device plugin.
+# Pod annotations written by the scheduler (docs/hami-compat.md section 5) and the device plugin.
 VGPU_NODE = "hami.io/vgpu-node"
 """The chosen node; HAMi also sets it as a pod label."""
 VGPU_TIME = "hami.io/vgpu-time"
@@ -41,7 +41,7 @@ BIND_PHASE_ALLOCATING = "allocating"
 BIND_PHASE_SUCCESS = "success"
 BIND_PHASE_FAILED = "failed"
 
-# Pod selection annotations, HAMi's names (section 9).
+# Pod selection annotations, HAMi's names (docs/hami-compat.md section 9).
 USE_GPU_TYPE = "nvidia.com/use-gputype"
 NOUSE_GPU_TYPE = "nvidia.com/nouse-gputype"
 USE_GPU_UUID = "nvidia.com/use-gpuuuid"

@@ -1,4 +1,4 @@
-"""Node lock ``hami.io/mutex.lock``: ``<RFC3339>,<namespace>,<pod>`` (hami-protocol.md section 7).
+"""Node lock ``hami.io/mutex.lock``: ``<RFC3339>,<namespace>,<pod>`` (docs/hami-compat.md section 7).
 
 A bare RFC 3339 time (older HAMi) is accepted and has no owner. Expiry is lazy: only the next
 acquirer checks it, with ``now`` and the timeout passed in.

@@ -1,6 +1,6 @@
 """Pod device annotations ``hami.io/vgpu-devices-to-allocate`` / ``-allocated`` and the bind set.
 
-Encoding (hami-protocol.md section 5): each card ``{UUID},NVIDIA,{memMiB},{cores}:``, each
+Encoding (docs/hami-compat.md section 5): each card ``{UUID},NVIDIA,{memMiB},{cores}:``, each
 container's list terminated by ``;``, one entry per container, init containers first, an empty
 entry for a container without GPUs. Decoding splits on ``;`` keeping empty entries (the position
 is the container), then on ``:`` keeping only segments that contain ``,``.

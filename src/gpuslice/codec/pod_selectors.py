@@ -1,4 +1,4 @@
-"""Card constraints and policy overrides from pod annotations (hami-protocol.md section 9).
+"""Card constraints and policy overrides from pod annotations (docs/hami-compat.md section 9).
 
 HAMi's names and gpuslice's aliases are merged: lists are united (order kept, duplicates
 dropped). Unlike HAMi, list items are trimmed and empty items dropped, so ``"A100,"`` does not

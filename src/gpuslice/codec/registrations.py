@@ -1,6 +1,6 @@
 """Node registration ``hami.io/node-nvidia-register``: the card list a device plugin publishes.
 
-Two formats (hami-protocol.md section 4.1):
+Two formats (docs/hami-compat.md section 4.1):
 
 * JSON (plugin >= v2.8): an array of objects with keys ``id, index, count, devmem, devcore,
   type, numa, mode, migProfiles, health``, every one omitted when zero.

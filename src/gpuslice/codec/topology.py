@@ -1,6 +1,6 @@
 """GPU interconnect topology annotations: HAMi's pair scores and gpuslice's full matrices.
 
-``hami.io/node-nvidia-score`` (HAMi device plugin, section 11)::
+``hami.io/node-nvidia-score`` (HAMi device plugin, docs/hami-compat.md section 11)::
 
     [{"uuid":"GPU-a","score":{"GPU-b":600,"GPU-c":20}}, ...]
 

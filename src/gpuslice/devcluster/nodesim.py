@@ -3,7 +3,7 @@
 ``make_node`` creates a Node object with HAMi's registration annotation and a capacity set
 through ``/status`` (control-plane.md section 5). ``NodeSim`` watches pods bound to the nodes it
 serves and, for each pod in ``hami.io/bind-phase: allocating``, does what the device plugin's
-``Allocate`` and the kubelet would (hami-protocol.md section 8):
+``Allocate`` and the kubelet would (docs/hami-compat.md section 8):
 
 1. serve only the pod the node lock names (HAMi PR #3095); anything else waits;
 2. blank every container entry of ``hami.io/vgpu-devices-to-allocate`` (``a:;b:;`` -> ``;;``)

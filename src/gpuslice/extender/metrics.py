@@ -1,7 +1,7 @@
 """Prometheus metrics of the extender, in its own ``CollectorRegistry`` (no process globals).
 
 Request-path metrics are updated by the handlers; per-card allocation gauges use HAMi's names and
-labels (hami-protocol.md section 14) and are computed at scrape time from the current cache
+labels (docs/hami-compat.md section 14) and are computed at scrape time from the current cache
 snapshot by a custom collector, so they can never drift from what the policies see.
 """
 

@@ -4,7 +4,7 @@ kube-scheduler retries pods an extender rejected on any cluster event, but the e
 capacity (a pod's deletion) may reach it before it reaches our cache, leaving the pod pending
 until the next unrelated event. When a pod holding GPUs goes away while pods wait, the ``Nudger``
 touches an annotation of that node once our cache has the capacity back: a node update is such an
-event. HAMi has no requeue signal at all (hami-protocol.md section 15).
+event. HAMi has no requeue signal at all (docs/hami-compat.md section 15).
 """
 
 from __future__ import annotations

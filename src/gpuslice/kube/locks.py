@@ -1,4 +1,4 @@
-"""HAMi's node lock ``hami.io/mutex.lock`` (hami-protocol.md section 7), taken by compare-and-swap.
+"""HAMi's node lock ``hami.io/mutex.lock`` (docs/hami-compat.md section 7), taken by compare-and-swap.
 
 At most one HAMi pod per node may sit between its Binding and the device plugin's ``Allocate``
 (kubelet's ``Allocate`` carries no pod identity); the lock names that pod. The extender takes it

@@ -1,4 +1,4 @@
-"""A pod's GPU request, in HAMi's semantics (hami-protocol.md section 3).
+"""A pod's GPU request, in HAMi's semantics (docs/hami-compat.md section 3).
 
 The parsing functions that build these from container resources live in
 ``gpuslice.codec.resources``; this module only holds the frozen types and their arithmetic.

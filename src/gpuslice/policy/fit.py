@@ -1,4 +1,4 @@
-"""The filter: does a pod fit a node, on which cards, and if not, why (hami-protocol.md sections 3, 10).
+"""The filter: does a pod fit a node, on which cards, and if not, why (docs/hami-compat.md sections 3, 10).
 
 ``place`` is pure. Per GPU container it computes the eligible cards (``cards`` gives every other
 card exactly one reason, then the namespace quota), asks the card policy for ``count`` distinct

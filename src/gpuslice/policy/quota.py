@@ -1,4 +1,4 @@
-"""Namespace GPU quota (hami-protocol.md section 12), as a pure value.
+"""Namespace GPU quota (docs/hami-compat.md section 12), as a pure value.
 
 Usage is counted per card: a container asking 2 cards of 1000 MiB uses count 2 and memory 2000.
 A limit of ``None`` is unlimited; a limit of 0 blocks every request.
