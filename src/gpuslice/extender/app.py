@@ -336,6 +336,10 @@ class Handlers:
         if pod.wants_gpu and pod.uid not in self._seen:
             self._seen.put(pod.uid, True)
             self._workload.add(scheduling.shape(snap, pod, names))
+            for problem in deps.policies.ignored(pod):  # HAMi ignores such overrides; say so once
+                deps.events.record(
+                    meta.namespace, meta.name, meta.uid, "Warning", "PolicyIgnored", "Filter", problem
+                )
         outcome = scheduling.filter_nodes(
             snap, pod, names, deps.policies, self.log, deps.invalid_nodes, deps.excluded
         )

@@ -368,8 +368,6 @@ class BindFlow:
     ) -> allocations.PodAllocation | Outcome:
         """Fit on the current snapshot and assume it, with no await in between."""
         card_policy = self.policies.card(pod)
-        if card_policy is None:
-            return Outcome("rejected", f"{status.INVALID_REQUEST}: unknown card policy {pod.card_policy!r}")
         reason = self._excluded(node, locked)
         if reason is not None:
             return Outcome("rejected", f"node {node}: {reason}")

@@ -31,8 +31,6 @@ def narrow(
     if not pod.wants_gpu:
         return kept
     card_policy = policies.card(pod)
-    if card_policy is None:
-        return {}
     ctx = scheduling.context(snap)
     out: dict[str, wire.MetaVictims] = {}
     for name, v in kept.items():

@@ -13,8 +13,10 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from gpuslice.codec import keys
 from gpuslice.extender import logs, view
 from gpuslice.model import nodes, requests, status
 from gpuslice.policy import batch, chains, fit, registry, shares
@@ -27,7 +29,9 @@ class Policies:
     """Every registered policy built once at startup, and the configured defaults.
 
     The card default and ``hami.io/gpu-scheduler-policy`` may also be HAMi chains
-    (``binpack,numa``, ``mutex``; ``policy.chains``), built on first use and kept.
+    (``binpack,numa``, ``mutex``; ``policy.chains``), built on first use and kept. A per-pod
+    override that names no policy is ignored and the configured default applies, as HAMi does
+    (``GetGPUSchedulerPolicyByPod``); ``ignored`` says why, for a Warning event.
     """
 
     by_name: Mapping[str, registry.Policy]
@@ -41,24 +45,40 @@ class Policies:
         registry.get(node_default), chains.card_policy(card_default)
         return cls(built, node_default, card_default)
 
-    def node(self, pod: requests.PodRequest) -> registry.Policy | None:
-        """The pod's node policy (per-pod override first); None for an unknown override."""
-        return self.by_name.get(pod.node_policy or self.node_default)
+    def node(self, pod: requests.PodRequest) -> registry.Policy:
+        """The pod's node policy: its override when registered, else the configured default."""
+        policy = self.by_name.get(pod.node_policy) if pod.node_policy else None
+        return policy or self.by_name[self.node_default]
 
-    def card(self, pod: requests.PodRequest) -> registry.Policy | None:
-        """The pod's card policy (per-pod override first), bound to the pod; None if unknown.
+    def card(self, pod: requests.PodRequest) -> registry.Policy:
+        """The pod's card policy (its override when valid, else the default), bound to the pod.
 
         Binding it to the pod gives pod-aware card rules (FGD weighs the host CPU the pod takes
         too) the same view the simulator gives them; chains need no pod and are not wrapped.
         """
         name = pod.card_policy or self.card_default
         policy = self.by_name.get(name)
-        if policy is None:
+        if policy is not None:
+            return shares.PodBound(policy, pod)
+        try:
+            return chains.card_policy(name)
+        except registry.UnknownPolicyError:
+            return self.card(msgspec.structs.replace(pod, card_policy=None))
+
+    def ignored(self, pod: requests.PodRequest) -> list[str]:
+        """Why the pod's policy overrides are ignored (empty when they are valid or absent)."""
+        out: list[str] = []
+        if pod.node_policy and pod.node_policy not in self.by_name:
+            out.append(
+                f"{keys.NODE_SCHEDULER_POLICY}: unknown policy {pod.node_policy!r}, "
+                f"using {self.node_default!r}"
+            )
+        if pod.card_policy and pod.card_policy not in self.by_name:
             try:
-                return chains.card_policy(name)
-            except registry.UnknownPolicyError:
-                return None
-        return shares.PodBound(policy, pod)
+                chains.card_policy(pod.card_policy)
+            except registry.UnknownPolicyError as err:
+                out.append(f"{keys.GPU_SCHEDULER_POLICY}: {err}; using {self.card_default!r}")
+        return out
 
 
 def candidate_step(policy: registry.Policy | None, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:
@@ -115,8 +135,6 @@ def filter_nodes(
         return FilterOutcome(list(names), {}, {}, collections.Counter({FEASIBLE: len(names)}))
     card_policy = policies.card(pod)
     node_policy = policies.node(pod)
-    if card_policy is None or node_policy is None:
-        return reject_all(names, status.INVALID_REQUEST)
     skipped: dict[str, str] = {}
     if excluded:
         skipped = {n: excluded[n] for n in names if n in excluded}
@@ -249,23 +267,23 @@ def score_nodes(
     policies: Policies,
     log: logs.Log,
 ) -> np.ndarray:
-    """Internal 0..100 scores of ``names`` (int64, same order); unknown nodes and GPU-less pods score 0."""
+    """Internal 0..100 scores of ``names`` (int64, same order).
+
+    Nodes the pod does not fit (unknown, removed, registered without cards, full) and GPU-less pods
+    score 0, at every log level: ``-v 4`` logs the same scores, it does not compute others.
+    """
     node_policy = policies.node(pod)
-    if node_policy is None or not pod.wants_gpu:
+    if not pod.wants_gpu:
         return np.zeros(len(names), np.int64)
     ctx = context(snap)
-    if log.enabled(4):
-        out = np.zeros(len(names), np.int64)
-        for i, name in enumerate(names):
-            state = view.node_state(snap, name)
-            score = 0 if state is None else node_policy.score_node(state, pod, ctx).score
-            out[i] = score
-            log.v(4, "score node", pod=pod.name, node=name, policy=node_policy.name, score=score)
-        return out
-    card_policy = policies.card(pod) or node_policy
+    card_policy = policies.card(pod)
     quota = view.quota(snap, pod.namespace)
     ev = batch.evaluate(snap.nodes, view.columns(snap), names, pod, node_policy, card_policy, ctx, quota)
-    return np.maximum(ev.scores, 0)
+    scores = np.maximum(ev.scores, 0)
+    if log.enabled(4):
+        for name, score, fits in zip(ev.names, scores.tolist(), ev.feasible.tolist(), strict=True):
+            log.v(4, "score node", pod=pod.name, node=name, policy=node_policy.name, score=score, fits=fits)
+    return scores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,8 +319,7 @@ def rescore(
     tells which scores are still exact. The common case (the same snapshot and the filter's own
     answer as candidates) returns the filter's array as is.
     """
-    node_policy = policies.node(pod)
-    if node_policy is None or not pod.wants_gpu:
+    if not pod.wants_gpu:
         return np.zeros(len(names), np.int64)
     nodes_now = snap.nodes
     if nodes_now is filtered.nodes and names == filtered.names:

@@ -10,12 +10,13 @@
   and ``topology-aware`` (the container gets the best-connected set of eligible cards, as the
   ``topology-aware`` policy picks it).
 
-Items are trimmed and duplicates dropped (``"mutex, spread, numa"`` is ``mutex,spread,numa``). A
-chain without a sort key sorts like ``spread`` (HAMi's default). Under ``nvidia.com/numa-bind``
-``fit`` offers the cards one NUMA node at a time, lowest first, which puts ``numa`` first whatever
-the chain says, as HAMi forces it. A lone ``numa`` or ``mutex`` is a chain too. Other registered
-policies (FGD, the paper's policies, the topology strategies) judge the whole node and cannot be
-chained: naming one in a chain is an unknown policy, as is any unknown item.
+Items are trimmed and repeats dropped (``"mutex, spread, numa"`` is ``mutex,spread,numa``); an
+empty item (``"binpack,"``) makes the value invalid, as in HAMi. A chain without a sort key sorts
+like ``spread`` (HAMi's default). Under ``nvidia.com/numa-bind`` ``fit`` offers the cards one NUMA
+node at a time, lowest first, which puts ``numa`` first whatever the chain says, as HAMi forces
+it. A lone ``numa`` or ``mutex`` is a chain too. Other registered policies (FGD, the paper's
+policies, the topology strategies) judge the whole node and cannot be chained: naming one in a
+chain is an unknown policy, as is any unknown item. Equal cards go to the lowest index.
 
 binpack and spread rank cards by the same usage key as the ``binpack`` / ``spread`` policies
 (``usage.ranking_key``: HAMi's weighted card score when the pod sets
@@ -83,12 +84,10 @@ class Chain(registry.Filtered):
 
 
 def items(value: str) -> tuple[str, ...]:
-    """A policy value's items: split on commas, trimmed, empty items and repeats dropped."""
+    """A policy value's items: split on commas, trimmed, repeats dropped ('' for an empty item)."""
     out: dict[str, None] = {}
     for part in value.split(","):
-        item = part.strip()
-        if item:
-            out.setdefault(item, None)
+        out.setdefault(part.strip(), None)
     return tuple(out)
 
 
@@ -100,10 +99,10 @@ def card_policy(value: str) -> registry.Policy:
         UnknownPolicyError: an empty value, an unknown item, or a whole-node policy in a chain.
     """
     parts = items(value)
+    if "" in parts:  # HAMi refuses "binpack," too (``IsValidGPUSchedulerPolicy``)
+        raise registry.UnknownPolicyError(f"card policy {value!r} has an empty item")
     if len(parts) == 1 and parts[0] not in (MUTEX, NUMA):
         return registry.get(parts[0])
-    if not parts:
-        raise registry.UnknownPolicyError(f"card policy {value!r} names no policy")
     for item in parts:
         if item not in SORT_KEYS and item not in FILTERS:
             what = "cannot be chained" if item in registry.names() else "is not a card policy"

@@ -15,8 +15,8 @@ container of 5000 MiB on one card and an app container of 1500 MiB on another co
 while the same app container on the init container's card costs nothing more.
 
 A failed node gets the dominant card reason(s) of its first failing container (the most frequent
-card reason; ties all kept, in ``status.ALL_REASONS`` order). Node-level reasons come first: host
-CPU and memory (only when the inventory tracks them), ``NODE_UNREGISTERED`` (no cards) and
+card reason; ties all kept, in ``status.ALL_REASONS`` order). Node-level reasons come first:
+``NODE_UNREGISTERED`` (no cards), host CPU and memory (only when the inventory tracks them) and
 ``INSUFFICIENT_GPU_COUNT`` (fewer cards than asked). When enough cards are eligible but the card
 policy refuses every choice, the reason is ``NUMA_UNSATISFIED`` under ``numa_bind`` (no NUMA node
 has enough, tried in ascending id) and ``INSUFFICIENT_GPU_COUNT`` otherwise. The code:
@@ -139,6 +139,8 @@ def _attempt(
     quota: quotas.QuotaView | None,
 ) -> allocations.PodAllocation | _Fail:
     inv = state.inventory
+    if not inv.devices and pod.wants_gpu:
+        return _Fail((status.NODE_UNREGISTERED,))  # what HAMi says of a node without cards
     if inv.cpu_milli > 0 and pod.cpu_milli > state.cpu_free_milli:
         return _Fail((status.INSUFFICIENT_CPU,))
     if inv.memory_mib > 0 and pod.memory_mib > state.memory_free_mib:

@@ -48,15 +48,14 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
 
     def __init__(self, workload: registry.Workload, width: int = MAX_CARDS) -> None:
         super().__init__(workload)
-        self._width = width
-        self._steps = self._step_table(width)
-        self._wide: dict[int, list[int]] = {}
+        # The CPU step table by node card count: one shared table up to ``width``, then one as wide.
+        self._tables = [self._step_table(width)] * (width + 1)
 
     def _step_table(self, width: int) -> list[int]:
         """The CPU levels that change ``_compute`` on a node of at most ``width`` cards.
 
-        A whole-card shape only asks whether its CPU fits; a sharing shape of CPU c counts up to
-        ``width // count`` tasks, each needing c more, so its levels are c, 2c, ..., width * c.
+        A whole-card shape only asks whether its CPU fits; a sharing shape of CPU c counts at most
+        ``width`` tasks, each needing c more, so its levels are c, 2c, ..., width * c.
         """
         steps = {c for _, c, share, _, _ in self._gpu if share >= shares.FULL}
         steps |= {
@@ -70,12 +69,15 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
     def of(self, model: str, cpu_free: int, free: fragmentation.FreeCards) -> float:
         """``F_n(M)`` in milli-GPU (memoized on model, the CPU step reached and the sorted cards).
 
-        The CPU step is exact only up to the table's width in cards, so a node with more cards
-        than ``MAX_CARDS`` is keyed on a table as wide as it: its key's card tuple is longer than
-        any key of the shared table, so the two never meet in the memo.
+        A CPU step tells task counts apart only up to its table's width in cards, so a node with
+        more cards than ``MAX_CARDS`` is keyed on a table as wide as it. Keys of one card count
+        always come from one table (the card tuple's length is part of the key), so the memo
+        never answers a node with a value computed for another CPU level.
         """
-        n = len(free)
-        steps = self._steps if n <= self._width else self._wide_steps(n)
+        try:
+            steps = self._tables[len(free)]
+        except IndexError:
+            steps = self._wide_steps(len(free))
         key = (model if self._typed else "", bisect.bisect_right(steps, cpu_free), tuple(sorted(free)))
         hit = self._memo.get(key)
         if hit is None:
@@ -86,10 +88,9 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
         return hit
 
     def _wide_steps(self, n: int) -> list[int]:
-        steps = self._wide.get(n)
-        if steps is None:
-            steps = self._wide[n] = self._step_table(n)
-        return steps
+        """Grow ``_tables`` up to nodes of ``n`` cards (each card count past the width gets its own)."""
+        self._tables.extend(self._step_table(k) for k in range(len(self._tables), n + 1))
+        return self._tables[n]
 
     def _compute(self, model: str, cpu_free: int, free: fragmentation.FreeCards) -> float:
         total = sum(free)

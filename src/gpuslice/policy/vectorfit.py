@@ -171,11 +171,11 @@ def judge(
     hmem_total = node[:, _HMEM_TOTAL]
     kind = np.full(len(rows), K_CARDS, np.int64)
     kind[ncards < req.count] = K_COUNT
-    kind[ncards == 0] = K_UNREG
     if pod.memory_mib > 0:
         kind[(hmem_total > 0) & (pod.memory_mib > hmem_total - node[:, _HMEM_USED])] = K_HMEM
     if pod.cpu_milli > 0:
         kind[(cpu_total > 0) & (pod.cpu_milli > cpu_total - node[:, _CPU_USED])] = K_CPU
+    kind[ncards == 0] = K_UNREG
     feasible = (kind == K_CARDS) & (eligible >= req.count)
     keys = np.zeros(len(rows), np.int64)
     bad = np.flatnonzero(~feasible)

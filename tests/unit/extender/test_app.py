@@ -2,22 +2,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from gpuslice.cache import cache as caches
+from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, pod_devices, resources
 from gpuslice.extender import app as apps
 from gpuslice.extender import bind as binds
 from gpuslice.extender import config, wire
 from gpuslice.policy import quota as quotas
 from gpuslice.policy import registry
+from tests.unit import builders
 from tests.unit.builders import node
 from tests.unit.extender import fakes
 
@@ -107,12 +109,6 @@ def test_invalid_quantity_rejects_every_node_with_invalid_request(client: TestCl
     body = client.post("/filter", json=_args(pod, ["n-free", "n-two"])).json()
     assert body["NodeNames"] == []
     assert body["FailedAndUnresolvableNodes"] == {"n-free": "InvalidRequest", "n-two": "InvalidRequest"}
-
-
-def test_unknown_policy_override_is_invalid_request(client: TestClient) -> None:
-    pod = fakes.gpu_pod("p", annotations={keys.GPU_SCHEDULER_POLICY: "no-such-policy"})
-    body = client.post("/filter", json=_args(pod, ["n-free"])).json()
-    assert body["FailedAndUnresolvableNodes"] == {"n-free": "InvalidRequest"}
 
 
 def test_quota_blocks_in_filter(cache: caches.ClusterCache, client: TestClient) -> None:
@@ -520,8 +516,27 @@ pod_like = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def _registered_then_removed() -> caches.ClusterCache:
+    cache = fakes.cluster_cache(node("n-free").gpus(1), node("n-two").gpus(2))
+    cache.snapshot()  # the columns now hold both rows; removing a node frees its row, it stays
+    cache.remove_node("n-free")
+    cache.remove_node("n-two")
+    return cache
+
+
+CLUSTERS: dict[str, Callable[[], caches.ClusterCache]] = {
+    "four-nodes": _cache,
+    "empty": fakes.cluster_cache,
+    "single-node": lambda: fakes.cluster_cache(node("n-free").gpus(1)),
+    "all-removed": _registered_then_removed,
+    "zero-cards": lambda: fakes.cluster_cache(node("n-free"), node("n-two")),
+}
+"""Caches the HTTP tests run on: the fixture's four nodes, and clusters with one or no GPU node."""
+
+
+@settings(max_examples=200, deadline=None)
 @given(
+    cluster=st.sampled_from(sorted(CLUSTERS)),
     path=st.sampled_from(["/filter", "/prioritize", "/bind", "/preempt"]),
     body=st.one_of(
         json_values,
@@ -531,10 +546,221 @@ pod_like = st.fixed_dictionaries(
         ),
     ),
 )
-def test_any_json_body_is_answered_without_5xx(client: TestClient, path: str, body: Any) -> None:
-    r = client.post(path, content=json.dumps(body))
+def test_any_json_body_is_answered_without_5xx(cluster: str, path: str, body: Any) -> None:
+    deps = fakes.make_deps(CLUSTERS[cluster](), invalid=INVALID)
+    with TestClient(apps.create_app(deps), raise_server_exceptions=False) as client:
+        r = client.post(path, content=json.dumps(body))
     assert r.status_code in (200, 400), (r.status_code, r.text)
     assert "Traceback" not in r.text
+
+
+@pytest.mark.parametrize("verbosity", [0, 5])
+@pytest.mark.parametrize("cluster", ["empty", "all-removed", "zero-cards"])
+@pytest.mark.parametrize("policy", registry.names(), ids=str)
+def test_every_verb_answers_a_cluster_without_gpu_nodes(cluster: str, policy: str, verbosity: int) -> None:
+    # Before any GPU node registered, after every one left (their column rows stay, freed), or
+    # with registrations that list no card: every node is NodeUnregistered, nothing is kept or bound.
+    binder = fakes.FakeBinder()
+    deps = fakes.make_deps(CLUSTERS[cluster](), binder, settings=config.Settings(verbosity=verbosity))
+    ann = {keys.NODE_SCHEDULER_POLICY: policy, keys.GPU_SCHEDULER_POLICY: policy}
+    pod = fakes.gpu_pod("p", mem=8000, cores=30, annotations=ann)
+    names = ["n-free", "n-two", "ghost"]
+    victims = {"Pods": [{"UID": "v1"}], "NumPDBViolations": 0}
+    with TestClient(apps.create_app(deps)) as c:
+        assert c.post("/filter", json=_args(pod, names)).json() == {
+            "NodeNames": [],
+            "FailedNodes": {},
+            "FailedAndUnresolvableNodes": dict.fromkeys(names, "NodeUnregistered"),
+            "Error": "",
+        }
+        scores = c.post("/prioritize", json=_args(pod, names)).json()
+        assert [h["Host"] for h in scores] == names
+        if policy != "random":  # random's candidate step crowns one of whatever nodes it is sent
+            assert [h["Score"] for h in scores] == [0, 0, 0]
+        preempt = {
+            "Pod": pod,
+            "NodeNameToVictims": None,
+            "NodeNameToMetaVictims": dict.fromkeys(names, victims),
+        }
+        assert c.post("/preempt", json=preempt).json() == {"NodeNameToMetaVictims": {}}
+        bound = c.post("/bind", json={**BIND_P, "Node": "n-free"})
+    assert bound.status_code == 200 and bound.json()["Error"] != ""
+    assert binder.bound == {}
+
+
+@pytest.mark.parametrize("policy", registry.names(), ids=str)
+def test_prioritize_scores_do_not_depend_on_the_log_level(policy: str) -> None:
+    # A cold prioritize (no filter of this pod here) over nodes the pod does not fit: n-full has
+    # 3920 MiB free for 8000, ghost is unknown. They score 0 at -v 4 too (it once scored them).
+    pod = fakes.gpu_pod("p", mem=8000, annotations={keys.NODE_SCHEDULER_POLICY: policy})
+    names = ["n-free", "n-full", "n-two", "n-half", "ghost"]
+    answers = []
+    for verbosity in (0, 4):
+        deps = fakes.make_deps(_cache(), settings=config.Settings(verbosity=verbosity))
+        with TestClient(apps.create_app(deps)) as c:
+            answers.append(c.post("/prioritize", json=_args(pod, names)).json())
+    assert answers[0] == answers[1]
+    assert {h["Host"]: h["Score"] for h in answers[1]}["n-full"] == 0
+
+
+# ----------------------------------------------------------------------------- generated clusters
+
+CLUSTER_NODES = ("n0", "n1", "n2")
+NO_SUCH_NODE = "ghost"
+TEAM_QUOTA_NS = "team"
+
+
+@st.composite
+def _inventories(draw: st.DrawFn, name: str) -> builders.NodeBuilder:
+    b = node(name)
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2, 3, 8, 9, 16]))):
+        b.card(
+            model=draw(st.sampled_from([builders.A100, builders.V100])),
+            memory=draw(st.sampled_from([16384, 81920])),
+            slots=draw(st.sampled_from([1, 10])),
+            numa=draw(st.integers(0, 1)),
+            health=draw(st.booleans() | st.just(True)),
+        )
+    return b
+
+
+@st.composite
+def gpu_clusters(draw: st.DrawFn) -> caches.ClusterCache:
+    """A real cache of 0-3 nodes, each registered (0-16 cards), registered then removed, or
+    removed and registered again, some with a running pod on card 0, and maybe a team quota.
+
+    Snapshots are taken in between at random: when the columns freeze decides which rows they
+    hold (a removed node's row stays, freed, until a new node takes it).
+    """
+    cache = fakes.cluster_cache()
+    for name in draw(st.lists(st.sampled_from(CLUSTER_NODES), unique=True, max_size=len(CLUSTER_NODES))):
+        fate = draw(st.sampled_from(["registered", "removed", "re-registered"]))
+        for step in range(2 if fate == "re-registered" else 1):
+            inventory = draw(_inventories(name)).inventory()
+            cache.upsert_node(inventory)
+            running = draw(st.booleans())
+            if inventory.devices and running:
+                grant = (0, draw(st.integers(0, inventory.devices[0].memory_mib)), draw(st.integers(0, 100)))
+                fakes.charge(cache, f"other/{name}-{step}", name, grant)
+            if draw(st.booleans()):
+                cache.snapshot()
+            if fate != "registered" and step == 0:
+                cache.remove_node(name)
+                if draw(st.booleans()):
+                    cache.snapshot()
+    if draw(st.booleans()):
+        limits = st.none() | st.integers(0, 100_000)
+        cache.set_quota(
+            TEAM_QUOTA_NS,
+            quotas.QuotaView(count_limit=draw(st.none() | st.integers(0, 4)), memory_limit=draw(limits)),
+        )
+    return cache
+
+
+@st.composite
+def gpu_pods(draw: st.DrawFn) -> dict[str, Any]:
+    """A pod as kube-scheduler sends it: GPU limits (count, MiB, percentage, cores) on app and init
+    containers, selector and policy annotations, in a namespace with or without quota."""
+
+    def container(name: str) -> dict[str, Any]:
+        limits: dict[str, str] = {}
+        for resource, values in (
+            ("nvidia.com/gpu", st.integers(0, 17)),
+            ("nvidia.com/gpumem", st.integers(0, 90_000)),
+            ("nvidia.com/gpumem-percentage", st.integers(0, 100)),
+            ("nvidia.com/gpucores", st.integers(0, 100)),
+        ):
+            if draw(st.booleans()):
+                limits[resource] = str(draw(values))
+        return {"name": name, "resources": {"limits": limits}}
+
+    options = {
+        keys.USE_GPU_TYPE: st.sampled_from(["A100", "V100"]),
+        keys.NOUSE_GPU_TYPE: st.just("V100"),
+        keys.USE_GPU_UUID: st.just(builders.uuid("n0", 0)),
+        keys.NOUSE_GPU_UUID: st.just(builders.uuid("n1", 0)),
+        keys.NUMA_BIND: st.just("true"),
+        keys.NUMA_HINT: st.sampled_from(["0", "1"]),
+        keys.NODE_SCHEDULER_POLICY: st.sampled_from(registry.names()),
+        keys.GPU_SCHEDULER_POLICY: st.sampled_from(
+            [*registry.names(), "mutex", "binpack,numa", "mutex,topology-aware"]
+        ),
+    }
+    chosen = draw(st.sets(st.sampled_from(sorted(options)), max_size=3))  # mostly none or few
+    annotations = {k: draw(options[k]) for k in sorted(chosen)}
+    spec: dict[str, Any] = {
+        "containers": [container(f"c{i}") for i in range(draw(st.integers(1, 2)))],
+        "initContainers": [container(f"i{i}") for i in range(draw(st.integers(0, 1)))],
+        "schedulerName": "gpuslice-scheduler",
+    }
+    namespace = draw(st.sampled_from(["default", TEAM_QUOTA_NS]))
+    meta = {"name": "p", "namespace": namespace, "uid": "uid-p", "annotations": annotations}
+    return {"metadata": meta, "spec": spec}
+
+
+def _without_gpus(cache: caches.ClusterCache, names: list[str]) -> set[str]:
+    """The names with no registered GPU: unknown to the cache, removed, or registered with no card."""
+    known = cache.snapshot().nodes
+    return {n for n in names if n not in known or not known[n].inventory.devices}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    cache=gpu_clusters(),
+    pod=gpu_pods(),
+    names=st.lists(st.sampled_from((*CLUSTER_NODES, NO_SUCH_NODE)), unique=True),
+    verbosity=st.sampled_from([0, 4, 5]),
+    default_policy=st.sampled_from(registry.names()),
+)
+def test_every_verb_on_generated_clusters_and_pods(
+    cache: caches.ClusterCache, pod: dict[str, Any], names: list[str], verbosity: int, default_policy: str
+) -> None:
+    # filter, prioritize (the filter's candidates, and cold over every name), preempt and bind on
+    # clusters of 0, 1 and several nodes: never a 5xx, and never a node without GPUs for a GPU pod.
+    settings_ = config.Settings(verbosity=verbosity, node_policy=default_policy, card_policy=default_policy)
+    key = f"{pod['metadata']['namespace']}/p"
+    binder = fakes.FakeBinder(pods={key: pod})
+    deps = fakes.make_deps(cache, binder, settings=settings_)
+    try:
+        parsed: Any = resources.parse_pod(pod, settings_.request_config)
+    except codec_errors.DecodeError:
+        parsed = None
+    gpu_pod = parsed is not None and parsed.wants_gpu
+    no_gpu = _without_gpus(cache, names)
+    overcommitted = set(fakes.overcommitted(cache))  # a node re-registered with smaller cards
+    victims = {"Pods": [{"UID": "v1"}], "NumPDBViolations": 0}
+    with TestClient(apps.create_app(deps)) as c:
+        r = c.post("/filter", json=_args(pod, names))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        feasible, failed, unresolvable = (
+            body["NodeNames"],
+            body["FailedNodes"],
+            body["FailedAndUnresolvableNodes"],
+        )
+        assert sorted([*feasible, *failed, *unresolvable]) == sorted(names)
+        if parsed is None:
+            assert unresolvable == dict.fromkeys(names, "InvalidRequest")
+        elif not gpu_pod:
+            assert feasible == names
+        else:
+            assert {n: unresolvable.get(n) for n in no_gpu} == dict.fromkeys(no_gpu, "NodeUnregistered")
+        for candidates, uid in ((feasible, "uid-p"), (names, "uid-cold")):
+            cold = {**pod, "metadata": {**pod["metadata"], "uid": uid}}
+            r = c.post("/prioritize", json=_args(cold, candidates))
+            assert r.status_code == 200, r.text
+            assert [h["Host"] for h in r.json()] == candidates
+            assert all(0 <= h["Score"] <= 10 for h in r.json())
+        r = c.post("/preempt", json={"Pod": pod, "NodeNameToMetaVictims": dict.fromkeys(names, victims)})
+        assert r.status_code == 200, r.text
+        if gpu_pod:
+            assert not no_gpu & set(r.json()["NodeNameToMetaVictims"])
+        target = (feasible or names or [NO_SUCH_NODE])[0]
+        r = c.post("/bind", json={**BIND_P, "PodNamespace": pod["metadata"]["namespace"], "Node": target})
+        assert r.status_code == 200, r.text
+    if gpu_pod and target in no_gpu | {NO_SUCH_NODE}:
+        assert r.json()["Error"] != "" and binder.bound == {}
+    assert set(fakes.overcommitted(cache)) <= overcommitted
 
 
 @pytest.mark.parametrize("policy", registry.names(), ids=str)

@@ -35,7 +35,7 @@ def chosen(p: fit.Placement, container: int = 0) -> list[str]:
         ("numa", "numa", False),
         ("mutex, spread, numa", "mutex,spread,numa", True),
         ("mutex,topology-aware", "mutex,topology-aware", True),
-        ("binpack,binpack,numa,", "binpack,numa", False),
+        ("binpack,binpack,numa", "binpack,numa", False),
     ],
 )
 def test_chains_are_card_policies(value: str, name: str, idle_only: bool) -> None:
@@ -57,7 +57,8 @@ def test_a_single_registered_name_is_that_policy(value: str) -> None:
         ("fgd,numa", "cannot be chained"),
         ("binpack,bogus", "is not a card policy"),
         ("bogus", "not supported"),
-        (" , ", "names no policy"),
+        (" , ", "has an empty item"),
+        ("binpack,", "has an empty item"),
     ],
 )
 def test_invalid_card_policies_are_refused_with_the_item_named(value: str, says: str) -> None:

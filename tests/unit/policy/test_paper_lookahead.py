@@ -62,3 +62,16 @@ def test_top_by_type_keeps_each_constraint_class() -> None:
 
 def test_registered() -> None:
     assert registry.get("fgd-lookahead").name == "fgd-lookahead"
+
+
+def test_lookahead_memo_tells_cpu_levels_apart_past_eight_cards() -> None:
+    # One sharing shape of 4000 CPU and half a card; a node of 16 idle cards. At 32000 CPU 8 tasks
+    # fit (16000 - 8 * 1000 = 8000 left unused), at 48000 CPU 12 (4000). Both levels lie past the
+    # shared step table's last step (8 * 4000): the second call used to get the first one's 8000.
+    shape = registry.Shape(cpu_milli=4000, share_milli=500, count=1)
+    frag = lookahead.RepeatedFragmentation(registry.Workload((shape,), (1.0,)))
+    free = (1000,) * 16
+    assert frag.of("G2", 32000, free) == 8000.0
+    assert frag.of("G2", 48000, free) == 4000.0
+    assert frag.of("G2", 64000, free) == 0.0
+    assert frag.of("G2", 48000, (1000,) * 8) == 0.0  # an 8-card node on the shared table still

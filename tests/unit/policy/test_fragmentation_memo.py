@@ -1,0 +1,67 @@
+"""The memoized fragmentation measures against their uncached computation, on nodes of 1-16 cards.
+
+``Fragmentation.of`` (FGD) and ``RepeatedFragmentation.of`` (fgd-lookahead) key their memo on the
+CPU level a node reaches instead of its free CPU. One measure instance is shared by every node of
+a cluster (it lives as long as the workload histogram), so the key must be exact across card
+counts: a value memoized for one node must never answer a node it does not describe.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuslice.policy import fragmentation, lookahead, registry
+
+pytestmark = pytest.mark.unit
+
+MODELS = ("NVIDIA A100-SXM4-80GB", "Tesla T4")
+CPUS = (0, 500, 1000, 2500, 4000)
+
+cpu_levels = st.sampled_from(CPUS) | st.integers(0, 16000)
+types = st.sampled_from([(), ("T4",), ("A100",)])
+sharing = st.builds(
+    registry.Shape,
+    cpu_milli=cpu_levels,
+    share_milli=st.integers(1, 999),
+    count=st.integers(1, 3),
+    types=types,
+)
+whole = st.builds(
+    registry.Shape, cpu_milli=cpu_levels, share_milli=st.just(1000), count=st.integers(1, 16), types=types
+)
+cpu_only = st.builds(registry.Shape, cpu_milli=cpu_levels, share_milli=st.just(0), count=st.just(0))
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> registry.Workload:
+    shapes = draw(st.lists(sharing | whole | cpu_only, min_size=1, max_size=5, unique=True))
+    weights = draw(st.lists(st.integers(1, 10), min_size=len(shapes), max_size=len(shapes)))
+    return registry.Workload(tuple(shapes), tuple(w / sum(weights) for w in weights))
+
+
+free_milli = st.sampled_from((0, 250, 500, 1000)) | st.integers(0, 1000)
+free_cards = st.lists(free_milli, min_size=1, max_size=16).map(tuple)
+
+MEASURES = {"fgd": fragmentation.Fragmentation, "fgd-lookahead": lookahead.RepeatedFragmentation}
+
+
+@pytest.mark.parametrize("measure", list(MEASURES), ids=str)
+@settings(max_examples=300, deadline=None)
+@given(workload=workloads(), pool=st.lists(free_cards, min_size=1, max_size=4), data=st.data())
+def test_memoized_measure_equals_the_uncached_one(
+    measure: str, workload: registry.Workload, pool: list[tuple[int, ...]], data: st.DataObject
+) -> None:
+    frag = MEASURES[measure](workload)
+    shape_cpus = sorted({s.cpu_milli for s in workload.shapes} | {1})
+    # CPU levels near multiples of the shapes' CPU (where task counts change), and anywhere.
+    near_steps = st.builds(
+        lambda c, k, d: c * k + d, st.sampled_from(shape_cpus), st.integers(0, 20), st.integers(-1, 1)
+    )
+    for _ in range(data.draw(st.integers(1, 40), label="calls")):
+        free = data.draw(st.sampled_from(pool), label="free")
+        cpu = data.draw(near_steps | st.integers(-2000, 100_000), label="cpu")
+        model = data.draw(st.sampled_from(MODELS), label="model")
+        expected = frag._compute(model, cpu, tuple(sorted(free)))
+        assert frag.of(model, cpu, free) == expected, (model, cpu, free)
