@@ -98,3 +98,27 @@ def test_quota_counts_what_the_pod_is_charged_card_by_card(e2e_cluster: Cluster)
     assert init[0] == app[0] == empty
     e2e_cluster.delete_pod(ns, "p")
     e2e_cluster.delete_pod(other, "filler")
+
+
+def test_a_native_sidecar_holds_its_card_beside_the_app_container(e2e_cluster: Cluster) -> None:
+    ns = e2e_cluster.namespace("sidecar")
+    card = card_uuid("e2e-v100-0", 0)  # 32768 MiB
+
+    def pod(name: str, restart: str | None) -> dict[str, Any]:
+        body = _pod_with_init(ns, name, 20000, 20000, [card])
+        if restart:
+            body["spec"]["initContainers"][0]["restartPolicy"] = restart
+        return body
+
+    # a sidecar keeps running beside the app: 40000 MiB never fits the one card allowed
+    status, body = e2e_cluster.cp.api_request("POST", f"/api/v1/namespaces/{ns}/pods", pod("side", "Always"))
+    assert status == 201, body
+    event = e2e_cluster.wait_event(ns, "side", "FailedScheduling")
+    assert "InsufficientGPUMemory" in event["message"], event["message"]
+    e2e_cluster.delete_pod(ns, "side")
+    # an init container finishes before the app starts: 20000 and 20000 share the card
+    status, body = e2e_cluster.cp.api_request("POST", f"/api/v1/namespaces/{ns}/pods", pod("init", None))
+    assert status == 201, body
+    init, app = grants(e2e_cluster.wait_bound(ns, "init"))
+    assert init[0] == app[0] == card
+    e2e_cluster.delete_pod(ns, "init")

@@ -146,7 +146,11 @@ def bind_annotations(alloc: allocations.PodAllocation, now: instants.Instant) ->
 
 
 def allocation_from_annotations(
-    annotations: Mapping[str, str], *, init_count: int = 0, container_count: int | None = None
+    annotations: Mapping[str, str],
+    *,
+    init_count: int = 0,
+    container_count: int | None = None,
+    sidecars: tuple[int, ...] = (),
 ) -> allocations.PodAllocation | None:
     """Rebuild a pod's allocation from ``vgpu-node`` and ``vgpu-devices-allocated``.
 
@@ -162,7 +166,9 @@ def allocation_from_annotations(
     if not isinstance(node, str) or not isinstance(value, str):
         raise errors.DecodeError(keys.DEVICES_ALLOCATED, "value", "pod annotations must be strings")
     containers = decode_for_containers(value, container_count)
-    return allocations.PodAllocation(node=node, containers=containers, init_count=init_count)
+    return allocations.PodAllocation(
+        node=node, containers=containers, init_count=init_count, sidecars=sidecars
+    )
 
 
 def allocation_from_pod(pod: Mapping[str, Any]) -> allocations.PodAllocation | None:
@@ -174,5 +180,8 @@ def allocation_from_pod(pod: Mapping[str, Any]) -> allocations.PodAllocation | N
     init = podspec.containers(pod, "initContainers")
     app = podspec.containers(pod, "containers")
     return allocation_from_annotations(
-        podspec.pod_annotations(pod), init_count=len(init), container_count=len(init) + len(app)
+        podspec.pod_annotations(pod),
+        init_count=len(init),
+        container_count=len(init) + len(app),
+        sidecars=podspec.sidecars(init),
     )

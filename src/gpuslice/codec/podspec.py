@@ -67,6 +67,11 @@ def containers(pod: Mapping[str, Any], field: str) -> list[Mapping[str, Any]]:
     return [mapping(c, f"spec.{field}[{i}]") for i, c in enumerate(value)]
 
 
+def sidecars(init_containers: list[Mapping[str, Any]]) -> tuple[int, ...]:
+    """Positions of the init containers that are native sidecars (``restartPolicy: Always``)."""
+    return tuple(i for i, c in enumerate(init_containers) if c.get("restartPolicy") == "Always")
+
+
 def resources(container: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """A container's ``resources.limits`` and ``resources.requests``."""
     res = mapping(container.get("resources"), f"{where}.resources")

@@ -241,6 +241,7 @@ def parse_pod(
         uid=str(metadata.get("uid") or ""),
         containers=containers,
         init_count=len(init),
+        sidecars=podspec.sidecars(init),
         selectors=pod_selectors.selectors(annotations),
         node_policy=pod_selectors.node_policy(annotations),
         card_policy=pod_selectors.card_policy(annotations),

@@ -30,11 +30,12 @@ class ResourceRequirements(msgspec.Struct, frozen=True, omit_defaults=True):
     limits: dict[str, str] | None = None
 
 
-class Container(msgspec.Struct, frozen=True, omit_defaults=True):
-    """A container, only its name and resources."""
+class Container(msgspec.Struct, frozen=True, omit_defaults=True, rename="camel"):
+    """A container: its name, resources and ``restartPolicy`` (``Always`` marks a native sidecar)."""
 
     name: str = ""
     resources: ResourceRequirements | None = None
+    restart_policy: str | None = None
 
 
 class PodSpec(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):

@@ -133,20 +133,25 @@ class Pod(msgspec.Struct, frozen=True):
 
     @property
     def inits_done(self) -> bool:
-        """True when the pod has init containers and every one of them has succeeded.
+        """True when the pod has init containers (sidecars aside) and every one has succeeded.
 
-        Each init container must have a status (matched by name) that is terminated with exit
-        code 0, as kubelet reports it once the container ran to completion. A native sidecar
-        (an init container with ``restartPolicy: Always``) runs for the pod's life, so a pod
-        with one is never done; a pod without init containers has nothing to release (False).
-        The rule is HAMi's ``InitContainersAllSucceeded`` (``pkg/device/initcontainer.go``);
+        Each such init container must have a status (matched by name) that is terminated with
+        exit code 0, as kubelet reports it once the container ran to completion. Native sidecars
+        (``restartPolicy: Always``, ``sidecars``) run for the pod's life and stay charged; a pod
+        without other init containers has nothing to release (False). The rule is HAMi's
+        ``InitContainersAllSucceeded`` (``pkg/device/initcontainer.go``);
         ``docs/init-containers.md`` says what the cache does with it.
         """
-        inits = self.spec.init_containers
+        inits = [c for c in self.spec.init_containers if c.restart_policy != "Always"]
         if not inits:
             return False
         succeeded = {s.name for s in self.status.init_container_statuses if s.succeeded}
-        return all(c.restart_policy != "Always" and c.name in succeeded for c in inits)
+        return all(c.name in succeeded for c in inits)
+
+    @property
+    def sidecars(self) -> tuple[int, ...]:
+        """Positions of the init containers that are native sidecars (``restartPolicy: Always``)."""
+        return tuple(i for i, c in enumerate(self.spec.init_containers) if c.restart_policy == "Always")
 
 
 class NodeStatus(msgspec.Struct, frozen=True):

@@ -221,7 +221,10 @@ class Sync:
         init = len(pod.spec.init_containers)
         try:
             alloc = pod_devices.allocation_from_annotations(
-                pod.metadata.annotations, init_count=init, container_count=init + len(pod.spec.containers)
+                pod.metadata.annotations,
+                init_count=init,
+                container_count=init + len(pod.spec.containers),
+                sidecars=pod.sidecars,
             )
         except codec_errors.DecodeError as exc:
             if self.bad_pods.get(key) != str(exc):

@@ -29,6 +29,8 @@ class PodAllocation(msgspec.Struct, frozen=True, kw_only=True):
         node: the node name.
         containers: per container (init containers first, then app containers), its grants.
         init_count: how many of ``containers`` are init containers.
+        sidecars: positions of the init containers that keep running beside the app containers
+            (Kubernetes native sidecars, ``restartPolicy: Always``).
         cpu_milli: host CPU reserved (simulator only; 0 in the extender).
         memory_mib: host memory reserved (simulator only; 0 in the extender).
     """
@@ -36,44 +38,67 @@ class PodAllocation(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     containers: tuple[ContainerAllocation, ...]
     init_count: int = 0
+    sidecars: tuple[int, ...] = ()
     cpu_milli: int = 0
     memory_mib: int = 0
 
 
+def card_charge(
+    init_peak: tuple[int, int], app_sum: tuple[int, int, int], sidecar_sum: tuple[int, int, int]
+) -> nodes.CardUsage:
+    """What one card is charged for a pod's grants on it.
+
+    ``init_peak`` is (memory, cores) of the largest init container, ``app_sum`` and
+    ``sidecar_sum`` are (memory, cores, tasks) summed over app containers and native sidecars:
+    memory and cores = sidecars + max(init peak, apps), slots = max(1, sidecar and app tasks).
+    Sidecars start before the later init containers and run beside the app containers, so they
+    add to both phases.
+    """
+    imem, icores = init_peak
+    amem, acores, aslots = app_sum
+    smem, scores, sslots = sidecar_sum
+    return nodes.CardUsage(
+        slots=max(1, aslots + sslots), memory_mib=smem + max(imem, amem), cores=scores + max(icores, acores)
+    )
+
+
 def card_reservation(alloc: PodAllocation, inits_done: bool = False) -> dict[str, nodes.CardUsage]:
-    """Usage a pod holds per card UUID, with HAMi's init-container rule.
+    """Usage a pod holds per card UUID, with HAMi's init-container rule (``card_charge``).
 
     Init containers run one at a time, before the app containers, so each card is charged the
     peak over init containers, while app containers are summed: memory and cores =
     max(init peak, app sum) and slots = max(1, app occurrences) on every card the pod touches.
+    Native sidecars (``alloc.sidecars``) are summed on top of both.
 
-    Once every init container has succeeded (``inits_done``, see ``kube.objects.Pod.inits_done``)
-    only the app containers are charged: memory, cores and slots are the app sums, and a card
-    that only init containers touched is not charged at all. HAMi does the same
+    Once every init container that is not a sidecar has succeeded (``inits_done``, see
+    ``kube.objects.Pod.inits_done``) only the app containers and sidecars are charged, and a card
+    that only those init containers touched is not charged at all. HAMi does the same
     (``CollapseInitContainerUsage`` / ``AppContainersOnly`` in ``pkg/device/initcontainer.go``).
     The result with ``inits_done`` is never larger, per card and in total, than without.
     """
     init_peak: dict[str, tuple[int, int]] = {}
     app_sum: dict[str, tuple[int, int, int]] = {}
+    side_sum: dict[str, tuple[int, int, int]] = {}
+    sidecars = alloc.sidecars
     for position, grants in enumerate(alloc.containers):
-        if position < alloc.init_count:
+        if position < alloc.init_count and position not in sidecars:
             if inits_done:
                 continue
             for g in grants:
                 mem, cores = init_peak.get(g.uuid, (0, 0))
                 init_peak[g.uuid] = (max(mem, g.memory_mib), max(cores, g.cores))
         else:
+            sums = side_sum if position < alloc.init_count else app_sum
             for g in grants:
-                mem, cores, slots = app_sum.get(g.uuid, (0, 0, 0))
-                app_sum[g.uuid] = (mem + g.memory_mib, cores + g.cores, slots + 1)
-    out: dict[str, nodes.CardUsage] = {}
-    for uuid in init_peak.keys() | app_sum.keys():
-        imem, icores = init_peak.get(uuid, (0, 0))
-        amem, acores, aslots = app_sum.get(uuid, (0, 0, 0))
-        out[uuid] = nodes.CardUsage(
-            slots=max(1, aslots), memory_mib=max(imem, amem), cores=max(icores, acores)
-        )
-    return out
+                mem, cores, slots = sums.get(g.uuid, (0, 0, 0))
+                sums[g.uuid] = (mem + g.memory_mib, cores + g.cores, slots + 1)
+    return {
+        uuid: card_charge(init_peak.get(uuid, (0, 0)), app_sum.get(uuid, _NONE), side_sum.get(uuid, _NONE))
+        for uuid in init_peak.keys() | app_sum.keys() | side_sum.keys()
+    }
+
+
+_NONE = (0, 0, 0)
 
 
 def charge_totals(reservation: Mapping[str, nodes.CardUsage]) -> tuple[int, int, int]:

@@ -99,6 +99,8 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
         uid: pod UID ('' when unknown, e.g. in the simulator).
         containers: per container, init containers first, its request or None (no GPU).
         init_count: how many of ``containers`` are init containers.
+        sidecars: positions of init containers that keep running beside the app containers
+            (Kubernetes native sidecars, ``restartPolicy: Always``).
         selectors: card constraints.
         node_policy: per-pod node policy override (``hami.io/node-scheduler-policy``), or None.
         card_policy: per-pod card policy override (``hami.io/gpu-scheduler-policy``, possibly a
@@ -113,6 +115,7 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
     uid: str = ""
     containers: tuple[ContainerRequest | None, ...] = ()
     init_count: int = 0
+    sidecars: tuple[int, ...] = ()
     selectors: Selectors = NO_SELECTORS
     node_policy: str | None = None
     card_policy: str | None = None

@@ -4,7 +4,9 @@
 card exactly one reason, then the namespace quota), asks the card policy for ``count`` distinct
 cards (per NUMA node under ``numa_bind``), and turns the choices into an allocation. Init
 containers are each fit on the node as given (they run one at a time); app containers are fit
-cumulatively, each seeing the cards the earlier ones took. A card policy that admits only idle
+cumulatively, each seeing the cards the earlier ones took. Native sidecars (init containers with
+``restartPolicy: Always``) keep running: they are placed cumulatively like app containers, and the
+init containers after them see their cards taken. A card policy that admits only idle
 cards (``mutex``, ``registry.idle_only``) rejects cards in use before any capacity check. The
 pod's ``hami.io/device-scoring-weights`` reach the card policy through ``Context.card_weights``.
 
@@ -85,50 +87,57 @@ def place(
     return Placement(status.Status(code, out.reasons), None, out.card_reasons)
 
 
+INIT, APP, SIDECAR = 0, 1, 2
+"""What a container is to the charge: an init container, an app container, a native sidecar."""
+
+_Entry = tuple[tuple[int, int], tuple[int, int, int], tuple[int, int, int]]
+_NO_ENTRY: _Entry = ((0, 0), (0, 0, 0), (0, 0, 0))
+
+
 class _Charge:
     """What the pod placed so far costs its namespace, card by card, as the cache will charge it.
 
-    Per card: the init containers' peak and the app containers' sum of memory and cores, and the
-    app containers' slot count; the card's charge is max(init peak, app sum) and max(1, app
-    slots) (``allocations.card_reservation``). A container's cost on a card is what that card's
-    charge grows by, so an app container on the card an init container used can cost nothing.
+    Per card: the init containers' peak, the app containers' sum and the sidecars' sum, combined
+    by ``allocations.card_charge`` (the cache's rule). A container's cost on a card is what that
+    card's charge grows by, so an app container on the card an init container used can cost
+    nothing.
     """
 
     __slots__ = ("cards", "totals")
 
     def __init__(self) -> None:
-        self.cards: dict[int, tuple[int, int, int, int, int]] = {}
+        self.cards: dict[int, _Entry] = {}
         self.totals = (0, 0, 0)
 
-    def cost(self, i: int, init: bool, memory: int, cores: int) -> tuple[int, int, int]:
+    def cost(self, i: int, kind: int, memory: int, cores: int) -> tuple[int, int, int]:
         """How much card i's charge grows by one more grant of ``memory`` / ``cores``."""
         old = self.cards.get(i)
-        after = _card_charge(_plus(old, init, memory, cores))
+        after = _charged(_plus(old or _NO_ENTRY, kind, memory, cores))
         if old is None:
             return after
-        before = _card_charge(old)
+        before = _charged(old)
         return after[0] - before[0], after[1] - before[1], after[2] - before[2]
 
-    def add(self, i: int, init: bool, memory: int, cores: int) -> None:
+    def add(self, i: int, kind: int, memory: int, cores: int) -> None:
         """Record one grant on card i."""
-        slots, mem, c = self.cost(i, init, memory, cores)
-        self.cards[i] = _plus(self.cards.get(i), init, memory, cores)
+        slots, mem, c = self.cost(i, kind, memory, cores)
+        self.cards[i] = _plus(self.cards.get(i) or _NO_ENTRY, kind, memory, cores)
         t = self.totals
         self.totals = (t[0] + slots, t[1] + mem, t[2] + c)
 
 
-def _plus(
-    entry: tuple[int, int, int, int, int] | None, init: bool, memory: int, cores: int
-) -> tuple[int, int, int, int, int]:
-    init_mem, init_cores, app_mem, app_cores, app_slots = entry or (0, 0, 0, 0, 0)
-    if init:
-        return max(init_mem, memory), max(init_cores, cores), app_mem, app_cores, app_slots
-    return init_mem, init_cores, app_mem + memory, app_cores + cores, app_slots + 1
+def _plus(entry: _Entry, kind: int, memory: int, cores: int) -> _Entry:
+    init, app, side = entry
+    if kind == INIT:
+        return (max(init[0], memory), max(init[1], cores)), app, side
+    if kind == APP:
+        return init, (app[0] + memory, app[1] + cores, app[2] + 1), side
+    return init, app, (side[0] + memory, side[1] + cores, side[2] + 1)
 
 
-def _card_charge(entry: tuple[int, int, int, int, int]) -> tuple[int, int, int]:
-    init_mem, init_cores, app_mem, app_cores, app_slots = entry
-    return max(1, app_slots), max(init_mem, app_mem), max(init_cores, app_cores)
+def _charged(entry: _Entry) -> tuple[int, int, int]:
+    u = allocations.card_charge(*entry)
+    return u.slots, u.memory_mib, u.cores
 
 
 def _attempt(
@@ -147,7 +156,7 @@ def _attempt(
         return _Fail((status.INSUFFICIENT_HOST_MEMORY,))
     ndev = len(inv.devices)
     out: list[allocations.ContainerAllocation] = []
-    app_state = state
+    running = state  # the node with the sidecars and app containers placed so far
     charge = _Charge() if quota is not None else None
     idle_only = registry.idle_only(policy)
     last_gpu = max((k for k, c in enumerate(pod.containers) if c is not None and c.count > 0), default=-1)
@@ -159,18 +168,18 @@ def _attempt(
             return _Fail((status.NODE_UNREGISTERED,))
         if req.count > ndev:
             return _Fail((status.INSUFFICIENT_GPU_COUNT,))
-        is_init = position < pod.init_count
-        here = state if is_init else app_state
-        got = _fit_container(here, req, pod.selectors, policy, ctx, quota, charge, is_init, idle_only)
+        kind = SIDECAR if position in pod.sidecars else INIT if position < pod.init_count else APP
+        got = _fit_container(running, req, pod.selectors, policy, ctx, quota, charge, kind, idle_only)
         if isinstance(got, _Fail):
             return got
         out.append(got)
-        if not is_init and position < last_gpu:
-            app_state = _take(app_state, got)
+        if kind != INIT and position < last_gpu:
+            running = _take(running, got)
     return allocations.PodAllocation(
         node=inv.name,
         containers=tuple(out),
         init_count=pod.init_count,
+        sidecars=pod.sidecars,
         cpu_milli=pod.cpu_milli if inv.cpu_milli > 0 else 0,
         memory_mib=pod.memory_mib if inv.memory_mib > 0 else 0,
     )
@@ -184,7 +193,7 @@ def _fit_container(
     ctx: registry.Context,
     quota: quotas.QuotaView | None,
     charge: _Charge | None,
-    is_init: bool,
+    kind: int,
     idle_only: bool,
 ) -> allocations.ContainerAllocation | _Fail:
     inv = state.inventory
@@ -210,7 +219,7 @@ def _fit_container(
         if reason is None:
             eligible.append(i)
             if charge is not None:
-                costs[i] = charge.cost(i, is_init, memory, cores)
+                costs[i] = charge.cost(i, kind, memory, cores)
         else:
             rejected[reason] = rejected.get(reason, 0) + 1
     if so_far is not None:
@@ -236,7 +245,7 @@ def _fit_container(
     )
     if charge is not None:
         for i, g in zip(chosen, grants, strict=True):
-            charge.add(i, is_init, g.memory_mib, cores)
+            charge.add(i, kind, g.memory_mib, cores)
     return grants
 
 
@@ -340,16 +349,19 @@ def _dominant(rejected: dict[str, int]) -> _Fail:
 def demand(pod: requests.PodRequest, card_memory_mib: int) -> tuple[int, int]:
     """A pod's total GPU memory and cores if every card had ``card_memory_mib`` (for scoring).
 
-    Init containers run one at a time, so the pod holds max(largest init container, app sum).
+    Init containers run one at a time, so the pod holds max(largest init container, app sum),
+    plus its native sidecars, which run beside both.
     """
-    init_mem = init_cores = app_mem = app_cores = 0
+    init_mem = init_cores = app_mem = app_cores = side_mem = side_cores = 0
     for position, req in enumerate(pod.containers):
         if req is None or req.count <= 0:
             continue
         mem = req.count * req.memory_on(card_memory_mib)
         cores = req.count * req.cores_clamped
-        if position < pod.init_count:
+        if position in pod.sidecars:
+            side_mem, side_cores = side_mem + mem, side_cores + cores
+        elif position < pod.init_count:
             init_mem, init_cores = max(init_mem, mem), max(init_cores, cores)
         else:
             app_mem, app_cores = app_mem + mem, app_cores + cores
-    return max(init_mem, app_mem), max(init_cores, app_cores)
+    return side_mem + max(init_mem, app_mem), side_cores + max(init_cores, app_cores)

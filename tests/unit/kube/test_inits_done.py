@@ -75,8 +75,10 @@ CASES = [
     ("failed-exit-1", [I1], [done("i1", 1)], False),
     ("killed-exit-137", [I1, I2], [done("i1"), done("i2", 137)], False),
     ("status-of-another-name", [I1], [done("other")], False),
-    ("native-sidecar-running", [I1, SIDECAR], [done("i1"), running("side")], False),
-    ("native-sidecar-terminated", [SIDECAR], [done("side")], False),
+    # a native sidecar keeps running (and stays charged); the other init containers are done
+    ("native-sidecar-running", [I1, SIDECAR], [done("i1"), running("side")], True),
+    ("native-sidecar-and-a-running-init", [SIDECAR, I1], [running("side"), running("i1")], False),
+    ("only-a-native-sidecar", [SIDECAR], [done("side")], False),
 ]
 
 
@@ -86,6 +88,7 @@ def test_inits_done(
 ) -> None:
     pod = objects.decode_pod(pod_json(inits, statuses))
     assert pod.inits_done is expected
+    assert pod.sidecars == tuple(i for i, c in enumerate(inits) if c.get("restartPolicy") == "Always")
     # the informer's decoder (which trims annotations) keeps what inits_done reads
     assert kinds.PODS.decoder.decode(pod_json(inits, statuses)).inits_done is expected
 

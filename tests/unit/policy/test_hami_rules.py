@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -304,3 +305,48 @@ def test_a_placed_pod_never_takes_its_namespace_past_the_quota(
     got = fit.place(state, req, chains.card_policy(card_value), registry.EMPTY_CONTEXT, qv)
     if got.allocation is not None and req.wants_gpu:
         assert qv.admits(*_charge(got.allocation))
+
+
+# ----- native sidecars (init containers with restartPolicy: Always) run beside the app
+
+
+def _sidecar_pod(init_mib: int, app_mib: int) -> requests.PodRequest:
+    base = pod().init_gpu(1, memory=init_mib).gpu(1, memory=app_mib).obj()
+    return msgspec.structs.replace(base, sidecars=(0,))
+
+
+def test_a_sidecar_and_an_app_container_do_not_share_memory_they_both_hold() -> None:
+    state = node("n").gpus(1, memory=10000).state()
+    plain_init = pod().init_gpu(1, memory=6000).gpu(1, memory=6000).obj()
+    assert fit.place(state, plain_init, registry.get("spread")).status.ok
+    got = fit.place(state, _sidecar_pod(6000, 6000), registry.get("spread"))
+    assert got.status == status.Status(status.Code.UNRESOLVABLE, (status.INSUFFICIENT_GPU_MEMORY,))
+    two = node("n").gpus(2, memory=10000).state()
+    placed = fit.place(two, _sidecar_pod(6000, 6000), registry.get("spread"))
+    assert placed.allocation is not None and placed.allocation.sidecars == (0,)
+    assert chosen(placed, 0) != chosen(placed, 1)
+
+
+def test_sidecars_are_charged_on_top_of_both_phases_and_stay_after_the_inits() -> None:
+    a = uuid("n", 0)
+    got = alloc("n", ((a, 2000, 10),), ((a, 5000, 0),), ((a, 1000, 0),), init_count=2)
+    with_sidecar = msgspec.structs.replace(got, sidecars=(0,))
+    assert allocations.card_reservation(got)[a] == nodes.CardUsage(slots=1, memory_mib=5000, cores=10)
+    assert allocations.card_reservation(with_sidecar)[a] == nodes.CardUsage(
+        slots=2, memory_mib=7000, cores=10
+    )
+    done = allocations.card_reservation(with_sidecar, inits_done=True)[a]
+    assert done == nodes.CardUsage(slots=2, memory_mib=3000, cores=10)
+
+
+def test_parse_pod_marks_native_sidecars() -> None:
+    def c(name: str, mib: int, **extra: str) -> dict[str, object]:
+        limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(mib)}
+        return {"name": name, "resources": {"limits": limits}, **extra}
+
+    spec = {
+        "initContainers": [c("setup", 1000), c("proxy", 2000, restartPolicy="Always")],
+        "containers": [c("main", 3000)],
+    }
+    got = resources.parse_pod({"metadata": {"name": "p"}, "spec": spec})
+    assert got.sidecars == (1,) and got.init_count == 2
