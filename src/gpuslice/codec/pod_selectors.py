@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from gpuslice.codec import errors, goparse, keys
 from gpuslice.model import requests
 
-_WEIGHT = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", re.ASCII)
+_WEIGHT = re.compile(r"[0-9]{1,9}", re.ASCII)
 
 
 def split_list(value: str | None) -> tuple[str, ...]:
@@ -97,7 +97,8 @@ def scoring_weights(annotations: Mapping[str, str]) -> ScoringWeights | None:
 
     Raises:
         DecodeError: not exactly ``slot=<w>,core=<w>,memory=<w>`` (any order) with non-negative
-            numbers and at least one positive (HAMi makes such a pod unschedulable).
+            integers and at least one positive (HAMi's ``pkg/util/device_scoring_weights.go``
+            makes such a pod unschedulable; decimals such as ``1.5`` are refused as there).
     """
     raw = annotations.get(keys.DEVICE_SCORING_WEIGHTS, "").strip()
     if not raw:

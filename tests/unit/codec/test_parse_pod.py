@@ -275,9 +275,9 @@ WEIGHT_CASES = [
         pod_selectors.ScoringWeights(memory=3.0),
     ),
     (
-        "any-order-spaces-decimals",
-        {keys.DEVICE_SCORING_WEIGHTS: " memory = 0.5, slot=0 ,core=2"},
-        pod_selectors.ScoringWeights(slot=0.0, core=2.0, memory=0.5),
+        "any-order-spaces",
+        {keys.DEVICE_SCORING_WEIGHTS: " memory = 5, slot=0 ,core=2"},
+        pod_selectors.ScoringWeights(slot=0.0, core=2.0, memory=5.0),
     ),
 ]
 
@@ -298,8 +298,21 @@ def test_scoring_weights(annotations: dict[str, str], want: pod_selectors.Scorin
         "slot=0,core=0,memory=0",
         "slot=-1,core=1,memory=1",
         "slot",
+        "slot=1.5,core=1,memory=1",
+        "slot=1,core=1,memory=",
+        "slot=1,core=1,memory=+2",
     ],
-    ids=["missing-memory", "repeated", "unknown-key", "all-zero", "negative", "no-equals"],
+    ids=[
+        "missing-memory",
+        "repeated",
+        "unknown-key",
+        "all-zero",
+        "negative",
+        "no-equals",
+        "decimal",
+        "empty",
+        "sign",
+    ],
 )
 def test_bad_scoring_weights(value: str) -> None:
     with pytest.raises(errors.DecodeError) as info:
