@@ -13,7 +13,6 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from gpuslice.codec import keys
@@ -57,13 +56,10 @@ class Policies:
         too) the same view the simulator gives them; chains need no pod and are not wrapped.
         """
         name = pod.card_policy or self.card_default
+        if self._card_problem(name) is not None:
+            name = self.card_default
         policy = self.by_name.get(name)
-        if policy is not None:
-            return shares.PodBound(policy, pod)
-        try:
-            return chains.card_policy(name)
-        except registry.UnknownPolicyError:
-            return self.card(msgspec.structs.replace(pod, card_policy=None))
+        return chains.card_policy(name) if policy is None else shares.PodBound(policy, pod)
 
     def ignored(self, pod: requests.PodRequest) -> list[str]:
         """Why the pod's policy overrides are ignored (empty when they are valid or absent)."""
@@ -73,21 +69,29 @@ class Policies:
                 f"{keys.NODE_SCHEDULER_POLICY}: unknown policy {pod.node_policy!r}, "
                 f"using {self.node_default!r}"
             )
-        if pod.card_policy and pod.card_policy not in self.by_name:
-            try:
-                chains.card_policy(pod.card_policy)
-            except registry.UnknownPolicyError as err:
-                out.append(f"{keys.GPU_SCHEDULER_POLICY}: {err}; using {self.card_default!r}")
+        problem = self._card_problem(pod.card_policy) if pod.card_policy else None
+        if problem is not None:
+            out.append(f"{keys.GPU_SCHEDULER_POLICY}: {problem}; using {self.card_default!r}")
         return out
 
+    def _card_problem(self, name: str) -> str | None:
+        """Why ``name`` is neither a registered policy nor a valid chain; None when it is one."""
+        if name in self.by_name:
+            return None
+        try:
+            chains.card_policy(name)
+        except registry.UnknownPolicyError as err:
+            return str(err)
+        return None
 
-def candidate_step(policy: registry.Policy | None, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:
+
+def candidate_step(policy: registry.Policy, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:
     """Apply a policy's batch step over the scores of the nodes of one prioritize request.
 
     Some policies are defined relative to the candidates (BestFit's min-max normalization, Random's
     single winner); the simulator applies the same step over its feasible nodes.
     """
-    if policy is None or not len(scores):
+    if not len(scores):
         return scores
     return shares.normalize(policy, scores, ctx)
 

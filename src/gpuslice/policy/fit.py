@@ -11,10 +11,10 @@ cards (``mutex``, ``registry.idle_only``) rejects cards in use before any capaci
 pod's ``hami.io/device-scoring-weights`` reach the card policy through ``Context.card_weights``.
 
 The namespace quota is checked card by card with what the cache will charge for the whole pod
-(``allocations.card_reservation``: per card the larger of the init containers' peak and the app
-containers' sum). A container's cost on a card is how much that card's charge grows, so an init
-container of 5000 MiB on one card and an app container of 1500 MiB on another cost 6500 MiB,
-while the same app container on the init container's card costs nothing more.
+(``allocations.card_charge``: per card the larger of the init containers' peak and the app
+containers' sum, plus the sidecars). A container's cost on a card is how much that card's charge
+grows, so an init container of 5000 MiB on one card and an app container of 1500 MiB on another
+cost 6500 MiB, while the same app container on the init container's card costs nothing more.
 
 A failed node gets the dominant card reason(s) of its first failing container (the most frequent
 card reason; ties all kept, in ``status.ALL_REASONS`` order). Node-level reasons come first:
@@ -164,8 +164,6 @@ def _attempt(
         if req is None or req.count <= 0:
             out.append(())
             continue
-        if ndev == 0:
-            return _Fail((status.NODE_UNREGISTERED,))
         if req.count > ndev:
             return _Fail((status.INSUFFICIENT_GPU_COUNT,))
         kind = SIDECAR if position in pod.sidecars else INIT if position < pod.init_count else APP
