@@ -361,6 +361,8 @@ def test_serve_over_tls(e2e_cluster: Cluster, tmp_path: pathlib.Path) -> None:
         ctx.check_hostname = False
         with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:  # noqa: S310
             answer = json.load(resp)
-        assert sorted(answer["NodeNames"] + list(answer["FailedNodes"])) == sorted(NODES)
+        # the default node choice (extender) answers the one node it chose
+        assert len(answer["NodeNames"]) == 1
+        assert set(answer["NodeNames"]) | set(answer["FailedNodes"]) <= set(NODES)
     finally:
         ext.stop()

@@ -170,9 +170,11 @@ def _render_args(values: Mapping[str, Any], namespace: str) -> list[str]:
     args = [
         f"--url={scheme}://{host}:{v['extender']['port']}",
         f"--scheduler-name={v['scheduler']['name']}",
-        f"--weight={v['scheduler']['extenderWeight']}",
         f"--http-timeout={v['scheduler']['httpTimeout']}",
+        f"--node-choice={v['policy']['nodeChoice']}",
     ]
+    if v["scheduler"]["extenderWeight"]:
+        args.append(f"--weight={v['scheduler']['extenderWeight']}")
     if not v["scheduler"]["preempt"]:
         args.append("--no-preempt")
     if v["leaderElect"]["enabled"]:
@@ -230,6 +232,8 @@ CONFIG_CASES: dict[str, dict[str, object]] = {
         "leaderElect.retryPeriod": "4s",
     },
     "no-election": {"replicas": 1, "leaderElect.enabled": False},
+    "rank": {"policy.nodeChoice": "rank"},
+    "blend-weighted": {"policy.nodeChoice": "blend", "scheduler.extenderWeight": 5},
     "renamed": RENAMED,
     "renamed-standalone": {**RENAMED, "resourceNames.cores": "nvidia.com/cores", "scheduler.enabled": False},
 }

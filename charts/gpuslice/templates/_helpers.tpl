@@ -97,6 +97,12 @@ seccompProfile:
 {{- if not (has .Values.podAntiAffinity (list "soft" "hard" "none")) -}}
 {{- fail (printf "podAntiAffinity must be soft, hard or none, got %q" .Values.podAntiAffinity) -}}
 {{- end -}}
+{{- if not (has .Values.policy.nodeChoice (list "extender" "rank" "blend")) -}}
+{{- fail (printf "policy.nodeChoice must be extender, rank or blend, got %q" .Values.policy.nodeChoice) -}}
+{{- end -}}
+{{- if lt (int .Values.scheduler.extenderWeight) 0 -}}
+{{- fail "scheduler.extenderWeight must be >= 0 (0: what policy.nodeChoice needs)" -}}
+{{- end -}}
 {{- if not (has .Values.webhook.failurePolicy (list "Ignore" "Fail")) -}}
 {{- fail (printf "webhook.failurePolicy must be Ignore or Fail, got %q" .Values.webhook.failurePolicy) -}}
 {{- end -}}

@@ -73,6 +73,7 @@ def render_scheduler_config(
     *,
     ca_file: Path | None = None,
     client: tuple[Path, Path] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> str:
     """The output of ``gpuslice render scheduler-config`` for this cluster.
 
@@ -82,6 +83,7 @@ def render_scheduler_config(
         scheduler_name: the profile name.
         ca_file: for an https URL, the CA of the extender's serving certificate (``--ca-file``).
         client: (certificate, key) kube-scheduler presents to an mTLS extender.
+        extra_args: more ``render scheduler-config`` flags (e.g. ``--node-choice rank``).
     """
     tls_args = ["--ca-file", str(ca_file)] if ca_file is not None else []
     if client is not None:
@@ -97,6 +99,7 @@ def render_scheduler_config(
             "--scheduler-name",
             scheduler_name,
             *tls_args,
+            *extra_args,
         ),
         check=True,
         capture_output=True,

@@ -155,10 +155,12 @@ class _Requests:
 
 
 class _Shapes:
-    """Requested shapes, handed to the cache's workload histogram at most once a second.
+    """Requested shapes, handed to the cache's workload histogram at most once per period.
 
-    Each hand-over bumps the cache generation (a snapshot rebuild); batching keeps that off the
-    per-request path. The fragmentation-aware policies do not need per-request freshness.
+    Each hand-over bumps the cache generation (a snapshot rebuild); batching (the default period
+    is a second) keeps that off the per-request path, as the fragmentation-aware policies do not
+    need per-request freshness. Period 0 hands each shape over before its pod is scored, as the
+    simulator's online workload does.
     """
 
     def __init__(self, cache: view.Cache, period_s: float = 1.0) -> None:
@@ -170,13 +172,18 @@ class _Shapes:
     def add(self, shape: registry.Shape) -> None:
         self._pending.append(shape)
 
-    def flush(self, force: bool = False) -> None:
+    def flush(self) -> bool:
+        """Hand the pending shapes over when the period has passed; True when it did."""
+        if not self._pending:
+            return False
         now = time.monotonic()
-        if self._pending and (force or now - self._last >= self._period):
-            for shape in self._pending:
-                view.observe(self._cache, shape)
-            self._pending.clear()
-            self._last = now
+        if now - self._last < self._period:
+            return False
+        for shape in self._pending:
+            view.observe(self._cache, shape)
+        self._pending.clear()
+        self._last = now
+        return True
 
 
 class _Fast:
@@ -273,7 +280,7 @@ class Handlers:
         self._depth = deps.settings.max_json_depth
         self._too_deep = f"JSON nested deeper than {self._depth} levels"
         self._score_memo = memo.Memo(1024)  # uid -> scheduling.Filtered, for prioritize
-        self._workload = _Shapes(deps.cache)
+        self._workload = _Shapes(deps.cache, deps.settings.workload_period_s)
         self._parsed = _Requests(deps.settings)
         self._seen = memo.Memo(20_000)  # pods already counted in the workload histogram
         self._reason_counts: dict[str, Counter] = {}  # metric children resolved once per label value
@@ -331,7 +338,6 @@ class Handlers:
             self._count(outcome)
             result = wire.ExtenderFilterResult(outcome.feasible, outcome.failed, outcome.unresolvable)
             return wire.ENCODER.encode(result)
-        self._workload.flush()
         snap = deps.cache.snapshot()
         if pod.wants_gpu and pod.uid not in self._seen:
             self._seen.put(pod.uid, True)
@@ -340,6 +346,8 @@ class Handlers:
                 deps.events.record(
                     meta.namespace, meta.name, meta.uid, "Warning", "PolicyIgnored", "Filter", problem
                 )
+        if self._workload.flush():
+            snap = deps.cache.snapshot()  # the workload changed: score against the new one
         outcome = scheduling.filter_nodes(
             snap, pod, names, deps.policies, self.log, deps.invalid_nodes, deps.excluded
         )
@@ -383,7 +391,7 @@ class Handlers:
             child.inc(n)
 
     async def prioritize(self, data: bytes) -> bytes:
-        """``/prioritize``: a 0..10 score per node.
+        """``/prioritize``: a 0..10 score per node (ranks, or scaled scores under ``blend``).
 
         After a filter of the same pod version, only the pod's key is decoded and the raw
         NodeNames are compared with the filter's answer; no Pod and no name string is built.
@@ -409,9 +417,11 @@ class Handlers:
             args = _decode(wire.PRIORITIZE_DECODER, data)
             names = args.node_names or []
             pod = self._parsed.parse(args.pod)
+        ranks = False
         if isinstance(pod, str):
             scores = np.zeros(len(names), np.int64)
         else:
+            ranks = deps.policies.ranks and pod.wants_gpu
             snap = deps.cache.snapshot()
             if filtered is None:
                 scores = scheduling.score_nodes(snap, pod, names, deps.policies, self.log)
@@ -419,7 +429,10 @@ class Handlers:
                 scores = scheduling.rescore(snap, pod, names, deps.policies, self.log, filtered)
             deps.flow.remember_scores(pod.uid, names, scores)
             scores = scheduling.candidate_step(deps.policies.node(pod), scores, scheduling.context(snap))
-        wire_scores = wire.extender_scores(scores)
+        if ranks:
+            wire_scores = scheduling.rank_scores(names, scores, wire.MAX_EXTENDER_PRIORITY)
+        else:
+            wire_scores = wire.extender_scores(scores)
         for value, n in enumerate(
             np.bincount(wire_scores, minlength=wire.MAX_EXTENDER_PRIORITY + 1).tolist()
         ):

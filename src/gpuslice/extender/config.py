@@ -46,6 +46,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         node_policy: node-level policy (scores nodes in prioritize).
         card_policy: card-level policy (chooses cards at bind): a registered policy or a HAMi chain
             such as ``binpack,numa`` or ``mutex,spread`` (``policy.chains``).
+        node_choice: how the node policy's choice reaches kube-scheduler: ``extender`` (the filter
+            answers only the chosen node), ``rank`` (rank scores) or ``blend`` (scaled scores
+            summed with kube-scheduler's plugins); see ``model.config.NODE_CHOICES``. Render the
+            scheduler configuration with the same value (it sets the extender weight).
+        workload_period_s: how often the shapes of newly filtered pods are handed to the cache's
+            histogram (FGD's target workload); 0 = at once, before the pod is scored (each hand-over
+            rebuilds the snapshot's workload, so a busy extender batches them).
         memory_scaling: multiplies every card's registered memory (overcommit when > 1).
         core_scaling: multiplies every card's registered cores.
         memory_factor: multiplies ``nvidia.com/gpumem`` requests and quota limits (HAMi).
@@ -122,6 +129,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     node_policy: str = "binpack"
     card_policy: str = "spread"
+    node_choice: str = model_config.DEFAULT_NODE_CHOICE
+    workload_period_s: float = 1.0
     memory_scaling: float = 1.0
     core_scaling: float = 1.0
     memory_factor: int = 1
@@ -335,6 +344,11 @@ def validate(values: Mapping[str, Any]) -> Settings:
         chains.card_policy(settings.card_policy)
     except registry.UnknownPolicyError as err:
         problems.append(f"card_policy: {err}")
+    if settings.node_choice not in model_config.NODE_CHOICES:
+        known = ", ".join(model_config.NODE_CHOICES)
+        problems.append(f"node_choice: expected one of {known}, got {settings.node_choice!r}")
+    if not settings.workload_period_s >= 0:
+        problems.append("workload_period_s must be >= 0")
     if settings.memory_scaling <= 0 or settings.core_scaling <= 0:
         problems.append("memory_scaling and core_scaling must be > 0")
     if settings.memory_factor < 1:

@@ -13,6 +13,19 @@ cores, and priority, which HAMi's chart lists too (``charts/hami/templates/sched
 configmapnew.yaml``): no node advertises it, so without ``ignoredByScheduler`` a pod naming it
 would never fit.
 
+The extender ``weight`` follows ``--node-choice`` (the same setting ``gpuslice serve`` takes;
+``docs/node-choice.md``) unless ``--weight`` is given: kube-scheduler adds ``score x weight x 10``
+(``MaxNodeScore / MaxExtenderPriority``) to the sum of its score plugins, each ``0..100 x`` its
+weight (``pkg/scheduler/apis/config/v1/default_plugins.go``: TaintToleration 3, NodeAffinity 2,
+PodTopologySpread 2, InterPodAffinity 2, NodeResourcesFit 1, NodeResourcesBalancedAllocation 1,
+ImageLocality 1). Under ``rank`` one rank step must outweigh what the resource-balance plugins and
+the system-default topology spreading can add between two nodes (NodeResourcesFit,
+BalancedAllocation, ImageLocality and PodTopologySpread: at most 500), so the weight is 51 (a step
+is worth 510); the explicit preferences an operator writes (taints, node and pod affinity) can still
+move a pod down when they add up to more. Under ``extender`` kube-scheduler sees one feasible node
+and scores nothing; under ``blend`` the weight is 1, the policy's scaled score counting as one
+plugin among the others.
+
 An https URL needs a way to trust the extender: ``tlsConfig.caFile`` (kube-scheduler's
 ``ExtenderTLSConfig``), or ``insecure: true`` when asked for explicitly; with neither,
 kube-scheduler would verify against the system roots, never what a cluster-internal extender
@@ -45,6 +58,18 @@ DEFAULT_LEASE_NAMESPACE = "kube-system"
 
 _DEFAULT_NAMES = model_config.ResourceNames()
 
+RANK_WEIGHT = 51
+"""The extender weight under ``node_choice: rank`` (module docstring)."""
+
+
+def default_weight(node_choice: str) -> int:
+    """The extender weight that fits a node choice (module docstring); ValueError for an unknown one."""
+    if node_choice not in model_config.NODE_CHOICES:
+        raise ValueError(
+            f"node choice must be one of {', '.join(model_config.NODE_CHOICES)}, got {node_choice!r}"
+        )
+    return RANK_WEIGHT if node_choice == "rank" else 1
+
 
 def managed_resources(names: model_config.ResourceNames = _DEFAULT_NAMES) -> list[str]:
     """The extended resources the extender owns (decides kube-scheduler's ``IsInterested``)."""
@@ -54,7 +79,7 @@ def managed_resources(names: model_config.ResourceNames = _DEFAULT_NAMES) -> lis
 def scheduler_config(
     url: str = DEFAULT_URL,
     scheduler_name: str = DEFAULT_SCHEDULER_NAME,
-    weight: int = 1,
+    weight: int | None = None,
     kubeconfig: str | None = None,
     http_timeout: str = DEFAULT_HTTP_TIMEOUT,
     preempt: bool = True,
@@ -71,13 +96,15 @@ def scheduler_config(
     lease_name: str | None = None,
     lease_namespace: str = DEFAULT_LEASE_NAMESPACE,
     names: model_config.ResourceNames = _DEFAULT_NAMES,
+    node_choice: str = model_config.DEFAULT_NODE_CHOICE,
 ) -> dict[str, Any]:
     """The configuration as a plain dict (see the module docstring).
 
     Args:
         url: the extender's ``urlPrefix`` (``http://`` or ``https://``).
         scheduler_name: the profile name pods put in ``spec.schedulerName``.
-        weight: prioritize weight (kube-scheduler multiplies our 0..10 by ``weight x 10``).
+        weight: prioritize weight (kube-scheduler multiplies our 0..10 by ``weight x 10``); None =
+            ``default_weight(node_choice)``.
         kubeconfig: ``clientConnection.kubeconfig``; omitted when None (in-cluster).
         http_timeout: per-call timeout, a Go duration.
         preempt: include ``preemptVerb``.
@@ -93,12 +120,16 @@ def scheduler_config(
         lease_name: ``leaderElection.resourceName``; None = ``scheduler_name``.
         lease_namespace: ``leaderElection.resourceNamespace``.
         names: the GPU resource names (``managedResources``).
+        node_choice: the extender's ``node_choice`` (sets the default weight).
 
     Raises:
-        ValueError: for a weight below 1 (kube-scheduler rejects it when prioritizeVerb is set),
+        ValueError: for a weight below 1 (kube-scheduler rejects it when prioritizeVerb is set), an
+            unknown node choice,
             TLS options that do not fit the URL, invalid leader-election timings, or resource
             names that are not distinct extended-resource names.
     """
+    if weight is None:
+        weight = default_weight(node_choice)
     if weight < 1:
         raise ValueError("weight must be >= 1 when prioritizeVerb is set")
     problems = model_config.resource_name_problems(names)
@@ -228,7 +259,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sc = sub.add_parser("scheduler-config", help="KubeSchedulerConfiguration calling gpuslice")
     sc.add_argument("--url", default=DEFAULT_URL, help="extender URL prefix")
     sc.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME)
-    sc.add_argument("--weight", type=int, default=1)
+    sc.add_argument(
+        "--node-choice",
+        choices=model_config.NODE_CHOICES,
+        default=model_config.DEFAULT_NODE_CHOICE,
+        help="the extender's node_choice; sets the default weight (default %(default)s)",
+    )
+    sc.add_argument("--weight", type=int, default=None, help="prioritize weight (default: by --node-choice)")
     sc.add_argument("--kubeconfig", default=None, help="clientConnection.kubeconfig (omit for in-cluster)")
     sc.add_argument("--http-timeout", default=DEFAULT_HTTP_TIMEOUT)
     sc.add_argument("--no-preempt", action="store_true", help="leave out preemptVerb")
@@ -278,6 +315,7 @@ def main(args: argparse.Namespace) -> int:
             lease_name=args.lease_name,
             lease_namespace=args.lease_namespace,
             names=model_config.resource_names({s: getattr(args, s) for s in model_config.NAME_SETTINGS}),
+            node_choice=args.node_choice,
         )
     except ValueError as err:
         print(f"gpuslice render: {err}", file=sys.stderr)

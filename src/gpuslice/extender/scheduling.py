@@ -1,22 +1,28 @@
 """Filter and prioritize as plain functions of a snapshot: no I/O, no clock, no HTTP.
 
-The wire mapping of outcomes is fixed here, in ``_bucket``: ``UNSCHEDULABLE`` goes to
+The wire mapping of outcomes is fixed here, in ``_reject``: ``UNSCHEDULABLE`` goes to
 ``FailedNodes`` (preemption may help), ``UNRESOLVABLE`` and ``ERROR`` to
 ``FailedAndUnresolvableNodes``. Messages are the reason codes alone, never node names, so
 kube-scheduler's ``0/N nodes are available: 3 InsufficientGPUMemory, ...`` histogram stays short.
+
+Which node wins follows one total order, the simulator's: the higher policy score (after the
+policy's candidate step, e.g. BestFit's normalisation), then the lower node name (``ranked``).
+With ``node_choice: extender`` the filter answers only the first node in that order that the card
+policy accepts; with ``rank`` prioritize answers that order as ranks (``docs/node-choice.md``).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from gpuslice.codec import keys
 from gpuslice.extender import logs, view
+from gpuslice.model import config as model_config
 from gpuslice.model import nodes, requests, status
 from gpuslice.policy import batch, chains, fit, registry, shares
 
@@ -36,13 +42,29 @@ class Policies:
     by_name: Mapping[str, registry.Policy]
     node_default: str
     card_default: str
+    choice: str = model_config.DEFAULT_NODE_CHOICE
+    """How the node choice reaches kube-scheduler (``model.config.NODE_CHOICES``)."""
 
     @classmethod
-    def build(cls, node_default: str, card_default: str) -> Policies:
+    def build(
+        cls, node_default: str, card_default: str, choice: str = model_config.DEFAULT_NODE_CHOICE
+    ) -> Policies:
         """Build all registered policies (unknown defaults raise ``UnknownPolicyError``)."""
+        if choice not in model_config.NODE_CHOICES:
+            raise ValueError(f"node choice must be one of {', '.join(model_config.NODE_CHOICES)}")
         built = {name: registry.get(name) for name in registry.names()}
         registry.get(node_default), chains.card_policy(card_default)
-        return cls(built, node_default, card_default)
+        return cls(built, node_default, card_default, choice)
+
+    @property
+    def extender_decides(self) -> bool:
+        """True when the filter answers only the node the extender chooses."""
+        return self.choice == "extender"
+
+    @property
+    def ranks(self) -> bool:
+        """True when prioritize answers ranks (``extender`` and ``rank``), False for ``blend``."""
+        return self.choice != "blend"
 
     def node(self, pod: requests.PodRequest) -> registry.Policy:
         """The pod's node policy: its override when registered, else the configured default."""
@@ -85,15 +107,55 @@ class Policies:
         return None
 
 
+UNFIT = -1
+"""The internal score of a node the pod does not fit (``score_nodes``)."""
+
+
+def ranked(names: Sequence[str], scores: np.ndarray) -> Iterator[int]:
+    """Positions of ``names`` best first: the higher score, then the lower node name.
+
+    The first position costs one pass over the scores (the common case: the extender's choice);
+    the full order is sorted only when a caller asks past it.
+    """
+    n = len(names)
+    if n == 0:
+        return
+    top = np.flatnonzero(scores == scores.max()).tolist()
+    first = top[0] if len(top) == 1 else min(top, key=names.__getitem__)
+    yield first
+    if n > 1:
+        order = np.lexsort((np.asarray(names), -np.asarray(scores)))
+        yield from (i for i in order.tolist() if i != first)
+
+
+def rank_scores(names: Sequence[str], scores: np.ndarray, levels: int) -> np.ndarray:
+    """Ranks in ``ranked`` order: ``levels`` for the best node, one less for each next, then 0.
+
+    ``UNFIT`` nodes get 0 and take no rank.
+    """
+    out = np.zeros(len(names), np.int64)
+    if len(names):
+        order = np.lexsort((np.asarray(names), -np.asarray(scores)))[:levels]
+        order = order[scores[order] > UNFIT]
+        out[order] = np.arange(levels, levels - len(order), -1)
+    return out
+
+
 def candidate_step(policy: registry.Policy, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:
     """Apply a policy's batch step over the scores of the nodes of one prioritize request.
 
     Some policies are defined relative to the candidates (BestFit's min-max normalization, Random's
-    single winner); the simulator applies the same step over its feasible nodes.
+    single winner); the simulator applies the same step over its feasible nodes, and so does this
+    over the nodes the pod fits (``UNFIT`` ones stay so).
     """
-    if not len(scores):
+    fit_ = scores > UNFIT
+    if not fit_.any():
         return scores
-    return shares.normalize(policy, scores, ctx)
+    if fit_.all():
+        return shares.normalize(policy, scores, ctx)
+    out = scores.copy()
+    out[fit_] = shares.normalize(policy, scores[fit_], ctx)
+    return out
 
 
 @dataclasses.dataclass
@@ -145,6 +207,8 @@ def filter_nodes(
         if skipped:
             names = [n for n in names if n not in skipped]
     out = _evaluate(snap, pod, names, node_policy, card_policy, log, invalid)
+    if policies.extender_decides and len(out.feasible) > 1:
+        _keep_choice(out, snap, pod, policies, log)
     for name, reason in skipped.items():
         out.failed[name] = reason
         out.reasons[reason] += 1
@@ -179,6 +243,27 @@ def _evaluate(
     for name, (st, _) in ev.failures.items():
         _reject(out, snap, name, st, invalid)
     return out
+
+
+def _keep_choice(
+    out: FilterOutcome, snap: view.Snapshot, pod: requests.PodRequest, policies: Policies, log: logs.Log
+) -> None:
+    """Narrow ``out.feasible`` to the one node the extender chooses (``ranked``, card policy willing).
+
+    The vectorised filter decides feasibility without asking the card policy, so the winner is
+    placed once here; a node whose cards the policy refuses gives way to the next.
+    """
+    names = out.feasible
+    scores = out.scores if out.scores is not None else score_nodes(snap, pod, names, policies, log)
+    ctx = context(snap)
+    stepped = candidate_step(policies.node(pod), scores, ctx)
+    card_policy = policies.card(pod)
+    quota = view.quota(snap, pod.namespace)
+    for i in ranked(names, stepped):
+        state = view.node_state(snap, names[i])
+        if state is not None and fit.place(state, pod, card_policy, ctx, quota).status.ok:
+            out.feasible, out.scores = [names[i]], scores[i : i + 1]
+            return
 
 
 def _log_evaluation(log: logs.Log, pod: requests.PodRequest, ev: batch.Evaluation) -> None:
@@ -271,10 +356,11 @@ def score_nodes(
     policies: Policies,
     log: logs.Log,
 ) -> np.ndarray:
-    """Internal 0..100 scores of ``names`` (int64, same order).
+    """Internal 0..100 scores of ``names`` (int64, same order), ``UNFIT`` where the pod does not fit.
 
-    Nodes the pod does not fit (unknown, removed, registered without cards, full) and GPU-less pods
-    score 0, at every log level: ``-v 4`` logs the same scores, it does not compute others.
+    Nodes the pod does not fit (unknown, removed, registered without cards, full) are ``UNFIT`` and
+    GPU-less pods score 0, at every log level: ``-v 4`` logs the same scores, it does not compute
+    others. The wire gives an unfit node 0 (``wire.extender_scores`` clips; ranks skip it).
     """
     node_policy = policies.node(pod)
     if not pod.wants_gpu:
@@ -283,7 +369,7 @@ def score_nodes(
     card_policy = policies.card(pod)
     quota = view.quota(snap, pod.namespace)
     ev = batch.evaluate(snap.nodes, view.columns(snap), names, pod, node_policy, card_policy, ctx, quota)
-    scores = np.maximum(ev.scores, 0)
+    scores = ev.scores
     if log.enabled(4):
         for name, score, fits in zip(ev.names, scores.tolist(), ev.feasible.tolist(), strict=True):
             log.v(4, "score node", pod=pod.name, node=name, policy=node_policy.name, score=score, fits=fits)

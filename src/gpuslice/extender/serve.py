@@ -73,7 +73,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     kube = kclient.KubeClient.auto(settings.kubeconfig or None, qps=settings.qps, burst=settings.burst)
     cache = caches.ClusterCache()
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
-    policies = scheduling.Policies.build(settings.node_policy, settings.card_policy)
+    policies = scheduling.Policies.build(settings.node_policy, settings.card_policy, settings.node_choice)
     instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
     recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
     events: binds.Events = recorder if recorder is not None else binds.NoEvents()

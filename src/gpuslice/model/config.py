@@ -141,3 +141,17 @@ class RequestConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 DEFAULT_REQUEST_CONFIG = RequestConfig()
+
+
+NODE_CHOICES = ("extender", "rank", "blend")
+"""How the node policy's judgement reaches kube-scheduler (``docs/node-choice.md``):
+
+* ``extender``: the filter answers only the node the extender chooses (best score, then the lowest
+  node name), so kube-scheduler's score plugins take no part; HAMi's scheduler answers this way.
+* ``rank``: the filter answers every feasible node and prioritize answers ranks in that order
+  (the best node 10, the next 9, ..., 0 from the eleventh on), weighted to outrank kube-scheduler's
+  resource-balance plugins.
+* ``blend``: prioritize answers the policy's 0..100 score scaled to 0..10, summed with
+  kube-scheduler's plugins (the behaviour before ``node_choice`` existed).
+"""
+DEFAULT_NODE_CHOICE = "extender"

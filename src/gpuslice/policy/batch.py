@@ -9,7 +9,7 @@ expressions over ``columns.NodeColumns`` in the same order. Any other pod goes t
 for the chosen node still comes from ``fit.place`` (which asks the card policy), so a card policy
 that refuses a choice on an otherwise feasible node is caught there (``choose`` moves on).
 
-Node scores are vectorised for policies with a ``score_columns(cols, rows, pod)`` method (binpack,
+Node scores are vectorised for policies with a ``score_columns(cols, rows, pod, ctx)`` method (binpack,
 spread, the topology-aware family), and computed per feasible node otherwise.
 """
 
@@ -33,7 +33,9 @@ _UNKNOWN = -1  # key of a name the columns do not hold
 class ColumnScorer(Protocol):
     """A node policy that can score many rows at once (identical to its ``score_node``)."""
 
-    def score_columns(self, cols: columns.NodeColumns, rows: IntArray, pod: requests.PodRequest) -> IntArray:
+    def score_columns(
+        self, cols: columns.NodeColumns, rows: IntArray, pod: requests.PodRequest, ctx: registry.Context
+    ) -> IntArray:
         """Scores 0..100 of the given rows."""
         ...
 
@@ -108,7 +110,7 @@ def evaluate(
         ok_idx = np.flatnonzero(feasible)
         score_columns = getattr(node_policy, "score_columns", None)  # ColumnScorer (isinstance is slow)
         if score_columns is not None:
-            scores[ok_idx] = score_columns(cols, rows[ok_idx], pod)
+            scores[ok_idx] = score_columns(cols, rows[ok_idx], pod, ctx)
         else:
             for i in ok_idx:
                 s = node_policy.score_node(states[names[i]], pod, ctx)

@@ -32,7 +32,11 @@ class Fill:
         return registry.Scored(self._oriented(usage.node_usage_score(state, pod, self.wm, self.wc)))
 
     def score_columns(
-        self, cols: columns.NodeColumns, rows: columns.IntArray, pod: requests.PodRequest
+        self,
+        cols: columns.NodeColumns,
+        rows: columns.IntArray,
+        pod: requests.PodRequest,
+        ctx: registry.Context = registry.EMPTY_CONTEXT,
     ) -> columns.IntArray:
         """``score_node`` for many rows at once."""
         used = usage.node_usage_scores(cols, rows, pod, self.wm, self.wc)

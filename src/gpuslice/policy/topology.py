@@ -90,7 +90,11 @@ class TopologyAware:
         return registry.Scored(_set_score(linktables.of(state.inventory), chosen, numa))
 
     def score_columns(
-        self, cols: columns.NodeColumns, rows: columns.IntArray, pod: requests.PodRequest
+        self,
+        cols: columns.NodeColumns,
+        rows: columns.IntArray,
+        pod: requests.PodRequest,
+        ctx: registry.Context = registry.EMPTY_CONTEXT,
     ) -> columns.IntArray:
         """``score_node`` for many feasible rows of a pod ``vectorfit`` can judge."""
         req = vectorfit.request_of(pod, None)

@@ -379,7 +379,7 @@ def make_deps(
     excluded_nodes = dict(excluded or {})
     log = logs.Log(settings.verbosity)
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
-    policies = scheduling.Policies.build(settings.node_policy, settings.card_policy)
+    policies = scheduling.Policies.build(settings.node_policy, settings.card_policy, settings.node_choice)
     events = RecordedEvents()
     binder = binder or FakeBinder()
     flow = binds.BindFlow(

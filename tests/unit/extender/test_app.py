@@ -17,6 +17,7 @@ from gpuslice.codec import keys, pod_devices, resources
 from gpuslice.extender import app as apps
 from gpuslice.extender import bind as binds
 from gpuslice.extender import config, wire
+from gpuslice.model import config as model_config
 from gpuslice.policy import quota as quotas
 from gpuslice.policy import registry
 from tests.unit import builders
@@ -54,6 +55,14 @@ def binder() -> fakes.FakeBinder:
 @pytest.fixture
 def client(cache: caches.ClusterCache, binder: fakes.FakeBinder) -> Iterator[TestClient]:
     deps = fakes.make_deps(cache, binder, invalid=INVALID)
+    with TestClient(apps.create_app(deps), raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.fixture
+def blend_client(cache: caches.ClusterCache, binder: fakes.FakeBinder) -> Iterator[TestClient]:
+    """Prioritize answers the policy's scores scaled to 0..10 (``node_choice: blend``)."""
+    deps = fakes.make_deps(cache, binder, config.Settings(node_choice="blend"), invalid=INVALID)
     with TestClient(apps.create_app(deps), raise_server_exceptions=False) as c:
         yield c
 
@@ -127,7 +136,8 @@ def test_quota_blocks_in_filter(cache: caches.ClusterCache, client: TestClient) 
 
 
 @pytest.mark.parametrize("filtered_first", [False, True], ids=["cold", "after-filter"])
-def test_prioritize_returns_bare_array_scaled_to_ten(client: TestClient, filtered_first: bool) -> None:
+def test_prioritize_returns_bare_array_scaled_to_ten(blend_client: TestClient, filtered_first: bool) -> None:
+    client = blend_client
     pod = fakes.gpu_pod("p", mem=8000, cores=30)
     names = ["n-free", "n-half", "ghost"]
     if filtered_first:
@@ -144,8 +154,9 @@ def test_prioritize_returns_bare_array_scaled_to_ten(client: TestClient, filtere
 
 
 def test_prioritize_rescores_nodes_changed_since_filter(
-    client: TestClient, cache: caches.ClusterCache
+    blend_client: TestClient, cache: caches.ClusterCache
 ) -> None:
+    client = blend_client
     pod = fakes.gpu_pod("p", mem=8000, cores=30)
     names = ["n-free", "n-half"]
     client.post("/filter", json=_args(pod, names))
@@ -167,7 +178,8 @@ def test_prioritize_after_filter_on_the_same_snapshot_reuses_filter_scores() -> 
     cache = _cache()
     # While nothing changes, the real cache hands out one snapshot object (what the memo relies on).
     assert cache.snapshot() is cache.snapshot()
-    with TestClient(apps.create_app(fakes.make_deps(cache, invalid=INVALID))) as c:
+    blend = config.Settings(node_choice="blend")
+    with TestClient(apps.create_app(fakes.make_deps(cache, settings=blend, invalid=INVALID))) as c:
         pod = _versioned(fakes.gpu_pod("p", mem=8000, cores=30), "1")
         cold = c.post(
             "/prioritize", json=_args(_versioned(fakes.gpu_pod("q", mem=8000, cores=30), "1"), names)
@@ -711,13 +723,21 @@ def _without_gpus(cache: caches.ClusterCache, names: list[str]) -> set[str]:
     names=st.lists(st.sampled_from((*CLUSTER_NODES, NO_SUCH_NODE)), unique=True),
     verbosity=st.sampled_from([0, 4, 5]),
     default_policy=st.sampled_from(registry.names()),
+    choice=st.sampled_from(model_config.NODE_CHOICES),
 )
 def test_every_verb_on_generated_clusters_and_pods(
-    cache: caches.ClusterCache, pod: dict[str, Any], names: list[str], verbosity: int, default_policy: str
+    cache: caches.ClusterCache,
+    pod: dict[str, Any],
+    names: list[str],
+    verbosity: int,
+    default_policy: str,
+    choice: str,
 ) -> None:
     # filter, prioritize (the filter's candidates, and cold over every name), preempt and bind on
     # clusters of 0, 1 and several nodes: never a 5xx, and never a node without GPUs for a GPU pod.
-    settings_ = config.Settings(verbosity=verbosity, node_policy=default_policy, card_policy=default_policy)
+    settings_ = config.Settings(
+        verbosity=verbosity, node_policy=default_policy, card_policy=default_policy, node_choice=choice
+    )
     key = f"{pod['metadata']['namespace']}/p"
     binder = fakes.FakeBinder(pods={key: pod})
     deps = fakes.make_deps(cache, binder, settings=settings_)
@@ -738,7 +758,12 @@ def test_every_verb_on_generated_clusters_and_pods(
             body["FailedNodes"],
             body["FailedAndUnresolvableNodes"],
         )
-        assert sorted([*feasible, *failed, *unresolvable]) == sorted(names)
+        answered = [*feasible, *failed, *unresolvable]
+        assert len(answered) == len(set(answered))
+        if choice == "extender" and gpu_pod:  # the other feasible nodes are left out of the answer
+            assert len(feasible) <= 1 and set(answered) <= set(names)
+        else:
+            assert sorted(answered) == sorted(names)
         if parsed is None:
             assert unresolvable == dict.fromkeys(names, "InvalidRequest")
         elif not gpu_pod:
@@ -763,22 +788,28 @@ def test_every_verb_on_generated_clusters_and_pods(
     assert set(fakes.overcommitted(cache)) <= overcommitted
 
 
+@pytest.mark.parametrize("choice", ["extender", "rank", "blend"])
 @pytest.mark.parametrize("policy", registry.names(), ids=str)
 def test_every_registered_policy_serves_filter_prioritize_and_bind(
-    cache: caches.ClusterCache, policy: str
+    cache: caches.ClusterCache, policy: str, choice: str
 ) -> None:
     binder = fakes.FakeBinder()
     binder.plugin_releases_lock = True
-    deps = fakes.make_deps(cache, binder)
+    deps = fakes.make_deps(cache, binder, config.Settings(node_choice=choice, workload_period_s=0))
     ann = {keys.NODE_SCHEDULER_POLICY: policy, keys.GPU_SCHEDULER_POLICY: policy}
     names = ["n-free", "n-two", "n-half"]
     with TestClient(apps.create_app(deps)) as c:
         for k in range(3):  # several pods, so the workload histogram (FGD's target) is non-empty
             pod = fakes.gpu_pod(f"p{k}", mem=8000, cores=30, annotations=ann)
             feasible = c.post("/filter", json=_args(pod, names)).json()["NodeNames"]
-            assert feasible == names
+            if choice == "extender":  # the filter answers its choice alone
+                assert len(feasible) == 1 and feasible[0] in names
+            else:
+                assert feasible == names
             scores = c.post("/prioritize", json=_args(pod, feasible)).json()
-            assert [h["Host"] for h in scores] == names and all(0 <= h["Score"] <= 10 for h in scores)
+            assert [h["Host"] for h in scores] == feasible and all(0 <= h["Score"] <= 10 for h in scores)
+            if choice == "rank":  # distinct ranks from 10 down
+                assert sorted((h["Score"] for h in scores), reverse=True) == [10, 9, 8]
             best = max(scores, key=lambda h: h["Score"])["Host"]
             r = c.post(
                 "/bind",
@@ -816,7 +847,8 @@ def test_parsed_requests_are_reused_only_for_the_same_resource_version(client: T
     assert body["FailedAndUnresolvableNodes"] == {"n-free": "InsufficientGPUCount"}
 
 
-def test_prioritize_applies_bestfit_min_max_step_over_the_candidates(client: TestClient) -> None:
+def test_prioritize_applies_bestfit_min_max_step_over_the_candidates(blend_client: TestClient) -> None:
+    client = blend_client
     # BestFit is defined relative to the candidates: (raw - lo) * 100 // (hi - lo). The emptiest
     # candidate (n-free) must map to 0 and the fullest (n-half) to 100 -> wire 10, whatever the raw
     # values; without the batch step both would keep their raw scores.
