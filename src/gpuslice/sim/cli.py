@@ -81,6 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, default=None, help="write the median a(x) curves to this PNG")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel worker processes")
     parser.add_argument(
+        "--workload",
+        choices=experiment.WORKLOADS,
+        default="oracle",
+        help="FGD's target workload: the whole trace (oracle, the paper's) or, as gpuslice serve builds it, "
+        "a decayed histogram of the pods seen so far (online; slow on the full trace: every pod rescores)",
+    )
+    parser.add_argument(
         "--replay",
         action="store_true",
         help="replay creation/deletion times (pods leave; unplaced pods wait in a FIFO queue)",
@@ -101,8 +108,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"gpuslice simulate: {exc}", file=sys.stderr)
         return 2
     if args.replay:
+        if args.workload != "oracle":
+            print("gpuslice simulate: --workload online is not supported with --replay", file=sys.stderr)
+            return 2
         return _replay(args, nodes, pods, console)
-    jobs = [experiment.Job(p, s, nodes, pods, args.tune) for p in args.policy for s in args.seeds]
+    jobs = [
+        experiment.Job(p, s, nodes, pods, args.tune, args.workload) for p in args.policy for s in args.seeds
+    ]
     workers = max(1, min(args.jobs, len(jobs)))
     if args.json:
         results = experiment.run_all(jobs, workers)

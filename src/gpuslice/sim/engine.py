@@ -4,9 +4,17 @@ For each pod: pre-filter all nodes at once, score the feasible ones with the pol
 step, take the best score (then the higher tie-break, then the lowest rank), and let ``fit.place``
 choose the cards with the policy's card rule.
 
-Scores are pure functions of a node's state and the pod's shape, so ``Scorer`` caches them per
-(cpu, d, n, types) and rescores only the nodes whose version changed since that shape was last
-scored there. Host memory enters the pre-filter only: no simulated policy scores by it.
+Scores are pure functions of a node's state, the pod's shape and the policy context, so ``Scorer``
+caches them per (cpu, d, n, types) and rescores only the nodes whose version changed since that shape
+was last scored there; a new target workload in the context (``Scorer.set_context``) drops them all.
+Host memory enters the pre-filter only: no simulated policy scores by it.
+
+The target workload of the FGD-style policies comes either from the whole trace (the paper's
+oracle, the default: ``ctx.workload`` is fixed for the run) or, with a ``ShapeHistogram`` given to
+``Placer`` / ``run`` ("online"), the way ``gpuslice serve`` builds it: a decayed histogram that
+starts empty and observes each arriving GPU pod's shape (``shares.shape_of(shares.demand(pod,
+first card memory))``) before the pod is scored. The extender sees a pod only when kube-scheduler's
+own filters (host CPU and memory) leave it a node, so a pod that no node can host is not observed.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gpuslice.cache import shapes
 from gpuslice.model import allocations, nodes
 from gpuslice.policy import fit, registry, shares
 from gpuslice.sim import cluster, trace
@@ -44,6 +53,12 @@ class Scorer:
         self.live = live
         self._cache: dict[ShapeKey, _Entry] = {}
         self.calls = 0
+
+    def set_context(self, ctx: registry.Context) -> None:
+        """Score with ``ctx`` from now on; a different target workload invalidates every cached score."""
+        if ctx.workload is not self.ctx.workload and ctx.workload != self.ctx.workload:
+            self._cache.clear()
+        self.ctx = ctx
 
     def best(self, pod: trace.TracePod, cand: np.ndarray) -> int:
         """The chosen node among the feasible ``cand`` (ascending rank)."""
@@ -79,16 +94,45 @@ class Scorer:
 
 
 class Placer:
-    """Places pods one at a time on a live cluster with one policy (shared by the benchmark and replay)."""
+    """Places pods one at a time on a live cluster with one policy (shared by the benchmark and replay).
 
-    def __init__(self, live: cluster.Cluster, policy: registry.Policy, ctx: registry.Context) -> None:
+    Args:
+        live: the cluster.
+        policy: node and card policy.
+        ctx: the policy context; its workload is the fixed (oracle) target workload.
+        histogram: when given, the online target workload (see the module docstring): each GPU pod's
+            shape is observed before the pod is scored and replaces ``ctx.workload``.
+    """
+
+    def __init__(
+        self,
+        live: cluster.Cluster,
+        policy: registry.Policy,
+        ctx: registry.Context,
+        histogram: shapes.ShapeHistogram | None = None,
+    ) -> None:
         self.live = live
         self.policy = policy
         self.ctx = ctx
+        self.histogram = histogram
         self.scorer = Scorer(policy, ctx, live)
+
+    def observe(self, pod: trace.TracePod) -> None:
+        """Hand the pod's shape to the online histogram, as the extender's filter does (no-op if oracle)."""
+        if self.histogram is None or pod.count <= 0:
+            return
+        live = self.live
+        host = np.flatnonzero((live.cpu_free >= pod.cpu_milli) & (live.mem_free >= pod.memory_mib))
+        if not len(host):
+            return  # kube-scheduler's own filters leave no node: the extender is not asked
+        card_memory = shares.card_memory(live.states[int(host[0])])
+        self.histogram.observe(shares.shape_of(shares.demand(pod.request, card_memory)))
+        self.ctx = dataclasses.replace(self.ctx, workload=self.histogram.workload())
+        self.scorer.set_context(self.ctx)
 
     def place(self, pod: trace.TracePod) -> tuple[int, allocations.PodAllocation] | None:
         """Put the pod on the best feasible node; (node index, allocation), or None if none fits."""
+        self.observe(pod)
         cand = self.live.feasible(pod)
         if not len(cand):
             return None
@@ -130,9 +174,13 @@ def run(
     seq: np.ndarray,
     policy: registry.Policy,
     ctx: registry.Context,
+    histogram: shapes.ShapeHistogram | None = None,
 ) -> Outcome:
-    """Place ``pods[seq[0]], pods[seq[1]], ...`` once each on the nodes (given in rank order)."""
-    placer = Placer(cluster.Cluster(inventories), policy, ctx)
+    """Place ``pods[seq[0]], pods[seq[1]], ...`` once each on the nodes (given in rank order).
+
+    With ``histogram``, the target workload is built online from the arriving pods (``Placer``).
+    """
+    placer = Placer(cluster.Cluster(inventories), policy, ctx, histogram)
     arrived = np.zeros(len(seq), np.int64)
     used = np.zeros(len(seq), np.int64)
     failed: list[int] = []

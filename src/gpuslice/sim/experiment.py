@@ -11,8 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from gpuslice.cache import shapes
 from gpuslice.policy import registry
 from gpuslice.sim import engine, metrics, trace, workload
+
+WORKLOADS = ("oracle", "online")
+"""Where FGD-style policies get their target workload: the whole trace (the paper's protocol) or,
+as ``gpuslice serve`` does, a decayed histogram of the pods seen so far (``engine`` module docstring)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +29,7 @@ class Job:
     nodes: Path
     pods: Path
     tune: float = 1.3
+    workload: str = "oracle"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +44,7 @@ class Result:
         pods_failed: pods that did not fit.
         wall_seconds: time of the scheduling loop.
         failed_shapes: (cpu, d, n) -> failed pods, for diagnosis.
+        workload: ``oracle`` or ``online`` (``WORKLOADS``).
     """
 
     policy: str
@@ -47,13 +54,15 @@ class Result:
     pods_failed: int
     wall_seconds: float
     failed_shapes: dict[tuple[int, int, int], int]
+    workload: str = "oracle"
 
     def unallocated(self, x: int) -> float:
         """U(x) in percent."""
         return metrics.unallocated(self.curve, x)
 
     def as_json(self) -> dict[str, object]:
-        """The CLI's JSON record."""
+        """The CLI's JSON record (with a ``workload`` key only for the non-default online workload)."""
+        extra: dict[str, object] = {} if self.workload == "oracle" else {"workload": self.workload}
         return {
             "policy": self.policy,
             "seed": self.seed,
@@ -64,6 +73,7 @@ class Result:
             "pods_arrived": self.pods_arrived,
             "pods_failed": self.pods_failed,
             "wall_seconds": round(self.wall_seconds, 3),
+            **extra,
         }
 
 
@@ -81,9 +91,14 @@ def run_job(job: Job) -> Result:
     arr = workload.arrivals(w, len(inventories), capacity, job.seed, job.tune)
     ranked = [inventories[i] for i in arr.node_order.tolist()]
     policy = registry.get(job.policy)
-    ctx = registry.Context(workload=target, rng=np.random.default_rng([job.seed, 1]))
+    if job.workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {job.workload!r}; known: {', '.join(WORKLOADS)}")
+    histogram = shapes.ShapeHistogram() if job.workload == "online" else None
+    ctx = registry.Context(
+        workload=None if histogram is not None else target, rng=np.random.default_rng([job.seed, 1])
+    )
     start = time.perf_counter()
-    out = engine.run(ranked, w, arr.seq, policy, ctx)
+    out = engine.run(ranked, w, arr.seq, policy, ctx, histogram)
     wall = time.perf_counter() - start
     failed: dict[tuple[int, int, int], int] = {}
     for k in out.failed:
@@ -91,7 +106,7 @@ def run_job(job: Job) -> Result:
         key = (p.cpu_milli, p.share, p.count)
         failed[key] = failed.get(key, 0) + 1
     curve = metrics.allocation_curve(out.arrived, out.used, out.capacity_milli)
-    return Result(job.policy, job.seed, curve, len(arr.seq), len(out.failed), wall, failed)
+    return Result(job.policy, job.seed, curve, len(arr.seq), len(out.failed), wall, failed, job.workload)
 
 
 def run_all(
