@@ -6,7 +6,8 @@ The wire mapping of outcomes is fixed here, in ``_reject``: ``UNSCHEDULABLE`` go
 kube-scheduler's ``0/N nodes are available: 3 InsufficientGPUMemory, ...`` histogram stays short.
 
 Which node wins follows one total order, the simulator's: the higher policy score (after the
-policy's candidate step, e.g. BestFit's normalisation), then the lower node name (``ranked``).
+policy's candidate step, e.g. BestFit's normalisation), then the lower node name
+(``batch.best_first``).
 With ``node_choice: extender`` the filter answers only the first node in that order that the card
 policy accepts; with ``rank`` prioritize answers that order as ranks (``docs/node-choice.md``).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -111,25 +112,8 @@ UNFIT = -1
 """The internal score of a node the pod does not fit (``score_nodes``)."""
 
 
-def ranked(names: Sequence[str], scores: np.ndarray) -> Iterator[int]:
-    """Positions of ``names`` best first: the higher score, then the lower node name.
-
-    The first position costs one pass over the scores (the common case: the extender's choice);
-    the full order is sorted only when a caller asks past it.
-    """
-    n = len(names)
-    if n == 0:
-        return
-    top = np.flatnonzero(scores == scores.max()).tolist()
-    first = top[0] if len(top) == 1 else min(top, key=names.__getitem__)
-    yield first
-    if n > 1:
-        order = np.lexsort((np.asarray(names), -np.asarray(scores)))
-        yield from (i for i in order.tolist() if i != first)
-
-
 def rank_scores(names: Sequence[str], scores: np.ndarray, levels: int) -> np.ndarray:
-    """Ranks in ``ranked`` order: ``levels`` for the best node, one less for each next, then 0.
+    """Ranks in ``batch.best_first`` order: ``levels`` for the best node, one less for each next, then 0.
 
     ``UNFIT`` nodes get 0 and take no rank.
     """
@@ -248,7 +232,7 @@ def _evaluate(
 def _keep_choice(
     out: FilterOutcome, snap: view.Snapshot, pod: requests.PodRequest, policies: Policies, log: logs.Log
 ) -> None:
-    """Narrow ``out.feasible`` to the one node the extender chooses (``ranked``, card policy willing).
+    """Narrow ``out.feasible`` to the node the extender chooses (``batch.best_first``, card policy willing).
 
     The vectorised filter decides feasibility without asking the card policy, so the winner is
     placed once here; a node whose cards the policy refuses gives way to the next.
@@ -259,7 +243,7 @@ def _keep_choice(
     stepped = candidate_step(policies.node(pod), scores, ctx)
     card_policy = policies.card(pod)
     quota = view.quota(snap, pod.namespace)
-    for i in ranked(names, stepped):
+    for i in batch.best_first(names, stepped):
         state = view.node_state(snap, names[i])
         if state is not None and fit.place(state, pod, card_policy, ctx, quota).status.ok:
             out.feasible, out.scores = [names[i]], scores[i : i + 1]

@@ -15,7 +15,7 @@ spread, the topology-aware family), and computed per feasible node otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -47,21 +47,19 @@ class Evaluation(NamedTuple):
         names: the nodes judged.
         feasible: True where the pod fits.
         scores: node scores where feasible, -1 elsewhere.
-        tiebreaks: secondary keys (higher wins), 0 where feasible nodes were scored vectorised.
         failures: for every infeasible node, its status and card reasons.
     """
 
     names: tuple[str, ...]
     feasible: np.ndarray
     scores: IntArray
-    tiebreaks: np.ndarray
     failures: Mapping[str, tuple[status.Status, fit.CardReasons]]
 
     def ranked(self) -> list[str]:
-        """Feasible nodes, best first (score, then tiebreak, then input order)."""
+        """Feasible nodes, best first (``best_first``)."""
         idx = np.flatnonzero(self.feasible)
-        order = np.lexsort((idx, -self.tiebreaks[idx], -self.scores[idx]))
-        return [self.names[i] for i in idx[order]]
+        names = [self.names[i] for i in idx.tolist()]
+        return [names[k] for k in best_first(names, self.scores[idx])]
 
 
 def fast_request(
@@ -91,7 +89,6 @@ def evaluate(
         req = vectorfit.request_of(pod, quota)
     failures: dict[str, tuple[status.Status, fit.CardReasons]] = {}
     scores = np.full(n, -1, np.int64)
-    tiebreaks = np.zeros(n, np.float64)
     if req is not None and cols is not None:
         rows = cols.rows(names)
         known = rows >= 0
@@ -113,9 +110,8 @@ def evaluate(
             scores[ok_idx] = score_columns(cols, rows[ok_idx], pod, ctx)
         else:
             for i in ok_idx:
-                s = node_policy.score_node(states[names[i]], pod, ctx)
-                scores[i], tiebreaks[i] = s.score, s.tiebreak
-        return Evaluation(names, feasible, scores, tiebreaks, failures)
+                scores[i] = node_policy.score_node(states[names[i]], pod, ctx).score
+        return Evaluation(names, feasible, scores, failures)
     feasible = np.zeros(n, np.bool_)
     for j, name in enumerate(names):
         state = states.get(name)
@@ -125,14 +121,31 @@ def evaluate(
         p = fit.place(state, pod, card_policy, ctx, quota)
         if p.status.ok:
             feasible[j] = True
-            s = node_policy.score_node(state, pod, ctx)
-            scores[j], tiebreaks[j] = s.score, s.tiebreak
+            scores[j] = node_policy.score_node(state, pod, ctx).score
         else:
             failures[name] = (p.status, p.card_reasons)
-    return Evaluation(names, feasible, scores, tiebreaks, failures)
+    return Evaluation(names, feasible, scores, failures)
 
 
 _UNREGISTERED = (status.Status(status.Code.UNRESOLVABLE, (status.NODE_UNREGISTERED,)), ())
+
+
+def best_first(names: Sequence[str], scores: np.ndarray) -> Iterator[int]:
+    """Positions of ``names`` best first: the higher score, then the lower node name.
+
+    This is the extender's order of nodes (the simulator's too, its nodes being named in rank
+    order where the two are compared). The first position costs one pass over the scores (the
+    common case); the full order is sorted only when a caller asks past it.
+    """
+    n = len(names)
+    if n == 0:
+        return
+    top = np.flatnonzero(scores == scores.max()).tolist()
+    first = top[0] if len(top) == 1 else min(top, key=names.__getitem__)
+    yield first
+    if n > 1:
+        order = np.lexsort((np.asarray(names), -np.asarray(scores)))
+        yield from (i for i in order.tolist() if i != first)
 
 
 def choose(
@@ -143,17 +156,11 @@ def choose(
     ctx: registry.Context = registry.EMPTY_CONTEXT,
     quota: quotas.QuotaView | None = None,
 ) -> fit.Placement | None:
-    """The placement on the best feasible node whose cards the card policy accepts, or None."""
-    if not evaluation.feasible.any():
-        return None
-    key = np.where(evaluation.feasible, evaluation.scores, -1)
-    best = np.flatnonzero(key == key.max())
-    if len(best) == 1 or not evaluation.tiebreaks[best].any():
-        p = fit.place(states[evaluation.names[best[0]]], pod, card_policy, ctx, quota)
-        if p.status.ok:
-            return p
-    for name in evaluation.ranked():
-        p = fit.place(states[name], pod, card_policy, ctx, quota)
+    """The placement on the first feasible node (``best_first``) whose cards the card policy accepts."""
+    idx = np.flatnonzero(evaluation.feasible)
+    names = [evaluation.names[i] for i in idx.tolist()]
+    for k in best_first(names, evaluation.scores[idx]):
+        p = fit.place(states[names[k]], pod, card_policy, ctx, quota)
         if p.status.ok:
             return p
     return None

@@ -90,10 +90,9 @@ def idle_only(policy: Policy) -> bool:
 
 
 class Scored(NamedTuple):
-    """A node's score: integer 0..100, and a secondary key (higher wins) for ties."""
+    """A node's score: integer 0..100 (ties go to the lower node name, or the lower rank in the simulator)."""
 
     score: int
-    tiebreak: float = 0.0
 
 
 class Policy(Protocol):

@@ -1,7 +1,7 @@
 """The scheduling loop of the FGD benchmark (fgd-experiment.md section 4) around registered policies.
 
 For each pod: pre-filter all nodes at once, score the feasible ones with the policy, apply its batch
-step, take the best score (then the higher tie-break, then the lowest rank), and let ``fit.place``
+step, take the best score (then the lowest rank), and let ``fit.place``
 choose the cards with the policy's card rule.
 
 Scores are pure functions of a node's state, the pod's shape and the policy context, so ``Scorer``
@@ -39,9 +39,7 @@ class PlacementMismatchError(RuntimeError):
 @dataclasses.dataclass
 class _Entry:
     score: np.ndarray
-    tiebreak: np.ndarray
     seen: np.ndarray
-    tied: bool = False
 
 
 class Scorer:
@@ -66,7 +64,7 @@ class Scorer:
         entry = self._cache.get(key)
         n = len(self.live)
         if entry is None:
-            entry = _Entry(np.zeros(n, np.int64), np.zeros(n), np.full(n, -1, np.int64))
+            entry = _Entry(np.zeros(n, np.int64), np.full(n, -1, np.int64))
             self._cache[key] = entry
         version = self.live.version
         stale = cand[entry.seen[cand] != version[cand]]
@@ -76,21 +74,11 @@ class Scorer:
             req = pod.request
             ctx = self.ctx
             for j in stale.tolist():
-                s = score_node(states[j], req, ctx)
-                entry.score[j] = s.score
-                if s.tiebreak:
-                    entry.tiebreak[j] = s.tiebreak
-                    entry.tied = True
-                else:
-                    entry.tiebreak[j] = 0.0
+                entry.score[j] = score_node(states[j], req, ctx).score
             entry.seen[stale] = version[stale]
             self.calls += len(stale)
         scores = shares.normalize(self.policy, entry.score[cand], self.ctx)
-        top = np.flatnonzero(scores == scores.max())
-        if len(top) > 1 and entry.tied:
-            tb = entry.tiebreak[cand[top]]
-            top = top[tb == tb.max()]
-        return int(cand[top[0]])
+        return int(cand[int(np.argmax(scores))])  # the first maximum: the lowest rank
 
 
 class Placer:

@@ -14,6 +14,7 @@ from gpuslice.codec import keys
 from gpuslice.extender import app as apps
 from gpuslice.extender import config, render, scheduling
 from gpuslice.model import config as model_config
+from gpuslice.policy import batch
 from tests.unit.builders import node
 from tests.unit.extender import fakes
 
@@ -120,11 +121,11 @@ def test_extender_choice_is_the_first_of_the_blend_order_for_every_pod_size(
         assert chosen == [best]
 
 
-def test_ranked_yields_every_position_once_best_first() -> None:
+def test_best_first_yields_every_position_once_best_first() -> None:
     names = ["n3", "n1", "n2", "n0"]
     scores = np.array([50, 70, 70, 10])
-    assert list(scheduling.ranked(names, scores)) == [1, 2, 0, 3]
-    assert list(scheduling.ranked([], np.array([], np.int64))) == []
+    assert list(batch.best_first(names, scores)) == [1, 2, 0, 3]
+    assert list(batch.best_first([], np.array([], np.int64))) == []
     ranks = scheduling.rank_scores(names, np.array([50, 70, scheduling.UNFIT, 10]), 10)
     assert ranks.tolist() == [9, 10, 0, 8]
     many = [f"n{i:02d}" for i in range(15)]

@@ -69,7 +69,7 @@ def _naive(
             continue
         scored = [policy.score_node(live.states[j], pod.request, ctx) for j in cand.tolist()]
         raw = shares.normalize(policy, np.array([s.score for s in scored], dtype=np.int64), ctx)
-        best = max(range(len(cand)), key=lambda k: (raw[k], scored[k].tiebreak, -k))
+        best = max(range(len(cand)), key=lambda k: (raw[k], -k))
         j = int(cand[best])
         got = fit.place(live.states[j], pod.request, shares.PodBound(policy, pod.request), ctx)
         assert got.allocation is not None
