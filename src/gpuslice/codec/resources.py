@@ -24,7 +24,8 @@ Every resource name comes from ``RequestConfig.names`` (HAMi lets operators rena
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -204,18 +205,64 @@ def _host(limits: ResourceList, reqs: ResourceList, name: str, milli: bool) -> i
     return quantity.milli_value(q) if milli else quantity.value(q / 2**20)
 
 
-def _host_usage(init: list[Mapping[str, Any]], app: list[Mapping[str, Any]]) -> tuple[int, int]:
-    """Effective CPU (milli) and memory (MiB): max(largest init container, sum of app containers)."""
+def container_host(limits: ResourceList, reqs: ResourceList) -> tuple[int, int]:
+    """One container's host request: CPU in millicores and memory in MiB (rounded up).
+
+    The request, or the limit when no request is given (the API server defaults a missing request
+    to the limit, so a stored pod always has it; a pod under admission may not yet).
+    """
+    return _host(limits, reqs, "cpu", True), _host(limits, reqs, "memory", False)
+
+
+def host_request(
+    apps: Sequence[tuple[int, int]], inits: Sequence[tuple[int, int]], sidecars: Collection[int] = ()
+) -> tuple[int, int]:
+    """A pod's host request (CPU milli, memory MiB) as kube-scheduler counts it.
+
+    Kubernetes' ``PodRequests`` (``k8s.io/component-helpers/resource/helpers.go``): the app
+    containers add up; init containers run one at a time, each beside the native sidecars started
+    before it (``sidecars``: positions of init containers with ``restartPolicy: Always``), which
+    also keep running beside the app containers. The pod needs the larger of the two phases.
+    """
+    cpu = sum(c for c, _ in apps)
+    mem = sum(m for _, m in apps)
+    side_cpu = side_mem = peak_cpu = peak_mem = 0
+    for i, (c, m) in enumerate(inits):
+        if i in sidecars:
+            side_cpu, side_mem = side_cpu + c, side_mem + m
+            cpu, mem = cpu + c, mem + m
+            peak_cpu, peak_mem = max(peak_cpu, side_cpu), max(peak_mem, side_mem)
+        else:
+            peak_cpu, peak_mem = max(peak_cpu, c + side_cpu), max(peak_mem, m + side_mem)
+    return max(cpu, peak_cpu), max(mem, peak_mem)
+
+
+def allocatable_host(allocatable: Mapping[str, str]) -> tuple[int, int]:
+    """A node's allocatable CPU (milli) and memory (MiB, rounded down); 0 where absent.
+
+    What kube-scheduler's ``NodeResourcesFit`` fits pods' requests into (``status.allocatable``).
+
+    Raises:
+        DecodeError: a malformed quantity.
+    """
+    cpu = allocatable.get("cpu")
+    mem = allocatable.get("memory")
+    cpu_milli = quantity.milli_value(quantity.parse(cpu, "cpu")) if cpu else 0
+    mem_mib = math.floor(quantity.parse(mem, "memory") / 2**20) if mem else 0
+    return max(cpu_milli, 0), max(mem_mib, 0)
+
+
+def _host_usage(
+    init: list[Mapping[str, Any]], app: list[Mapping[str, Any]], sidecars: Collection[int]
+) -> tuple[int, int]:
+    """The pod's host request (``host_request``) from its container dicts."""
 
     def one(c: Mapping[str, Any], where: str) -> tuple[int, int]:
-        limits, reqs = podspec.resources(c, where)
-        return _host(limits, reqs, "cpu", True), _host(limits, reqs, "memory", False)
+        return container_host(*podspec.resources(c, where))
 
     inits = [one(c, f"spec.initContainers[{i}]") for i, c in enumerate(init)]
     apps = [one(c, f"spec.containers[{i}]") for i, c in enumerate(app)]
-    cpu = max(sum(a[0] for a in apps), max((i[0] for i in inits), default=0))
-    mem = max(sum(a[1] for a in apps), max((i[1] for i in inits), default=0))
-    return cpu, mem
+    return host_request(apps, inits, sidecars)
 
 
 def parse_pod(
@@ -234,14 +281,15 @@ def parse_pod(
         [container_request(c, config, f"spec.initContainers[{i}]") for i, c in enumerate(init)]
         + [container_request(c, config, f"spec.containers[{i}]") for i, c in enumerate(app)]
     )
-    cpu, mem = _host_usage(init, app)
+    sidecars = podspec.sidecars(init)
+    cpu, mem = _host_usage(init, app, sidecars)
     return requests.PodRequest(
         namespace=str(metadata.get("namespace") or "default"),
         name=str(metadata.get("name") or ""),
         uid=str(metadata.get("uid") or ""),
         containers=containers,
         init_count=len(init),
-        sidecars=podspec.sidecars(init),
+        sidecars=sidecars,
         selectors=pod_selectors.selectors(annotations),
         node_policy=pod_selectors.node_policy(annotations),
         card_policy=pod_selectors.card_policy(annotations),

@@ -7,9 +7,14 @@
   ``NodeRegistrationInvalid`` instead of "unregistered"), reported once per distinct problem as a
   Warning Event on the Node and through the ``on_invalid`` hook; every other node keeps working.
   Nodes whose GPU annotations did not change are not decoded again.
+- **Nodes** also give their ``status.allocatable`` CPU and memory to the inventory, and **pods**
+  bound to a node charge their host requests there (``host_request``, kube-scheduler's rules),
+  GPU-less pods included: kube-scheduler fits pods into what is left, and the FGD-style policies
+  weigh it, so the extender must see the same free CPU as the simulator does.
 - **Pods**: a pod carrying ``hami.io/vgpu-node`` and ``hami.io/vgpu-devices-allocated`` that is
   not terminated (Succeeded/Failed) -> ``add_pod`` (confirms an assumed pod or charges one placed
-  before a restart); otherwise, or when deleted -> ``remove_pod``. A pod the cache holds as
+  before a restart); a bound pod without cards -> ``add_pod`` of its host request alone;
+  otherwise, or when deleted -> ``remove_pod``. A pod the cache holds as
   *assumed* (a bind in flight) is left to the bind path until it has a ``spec.nodeName``: an
   event from before the bind's annotation patch must not drop the reservation, and one from
   before the Binding must not confirm it early. Every ``add_pod`` passes ``Pod.inits_done`` (all
@@ -27,9 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from typing import Protocol
+
+import msgspec
 
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import errors as codec_errors
@@ -51,6 +59,36 @@ NODE_ANNOTATIONS = (
 )
 """The node annotations an inventory is decoded from."""
 INVALID_ACTION = "Registering"
+
+
+@functools.lru_cache(maxsize=4096)
+def _container_host(
+    limits: tuple[str | None, str | None], reqs: tuple[str | None, str | None]
+) -> tuple[int, int]:
+    """``resources.container_host`` on (cpu, memory) strings; cached, as pods repeat a few values."""
+    names = ("cpu", "memory")
+    return resources.container_host(
+        {n: v for n, v in zip(names, limits, strict=True) if v is not None},
+        {n: v for n, v in zip(names, reqs, strict=True) if v is not None},
+    )
+
+
+def _host(c: objects.Container) -> tuple[int, int]:
+    lim, req = c.resources.limits, c.resources.requests
+    return _container_host((lim.get("cpu"), lim.get("memory")), (req.get("cpu"), req.get("memory")))
+
+
+def host_request(pod: objects.Pod) -> tuple[int, int]:
+    """The pod's host CPU (milli) and memory (MiB) as kube-scheduler counts them (``resources.host_request``).
+
+    A malformed quantity counts as nothing (the API server never stores one).
+    """
+    try:
+        apps = [_host(c) for c in pod.spec.containers]
+        inits = [_host(c) for c in pod.spec.init_containers]
+    except codec_errors.DecodeError:
+        return 0, 0
+    return resources.host_request(apps, inits, pod.sidecars)
 
 
 class Sink(Protocol):
@@ -188,12 +226,19 @@ class Sync:
             self.cache.remove_node(name)
             return
         ann = node.metadata.annotations
-        fingerprint = tuple(ann.get(k) for k in NODE_ANNOTATIONS)
+        allocatable = node.status.allocatable
+        fingerprint = (
+            *(ann.get(k) for k in NODE_ANNOTATIONS),
+            allocatable.get("cpu"),
+            allocatable.get("memory"),
+        )
         if self._seen.get(name) == fingerprint:
             return
         self._seen[name] = fingerprint
         try:
             inventory = node_inventory.decode_node(name, ann)
+            cpu, memory = resources.allocatable_host(allocatable)
+            inventory = msgspec.structs.replace(inventory, cpu_milli=cpu, memory_mib=memory)
         except codec_errors.AnnotationMissing:
             self.invalid_nodes.pop(name, None)
             self.cache.remove_node(name)
@@ -231,10 +276,17 @@ class Sync:
                 log.warning("pod %s: device annotation not charged: %s", key, exc)
             self.bad_pods[key] = str(exc)
             alloc = None
+        else:
+            self.bad_pods.pop(key, None)
+        cpu, memory = host_request(pod)
         if alloc is None:
-            self.cache.remove_pod(key)
-            return
-        self.bad_pods.pop(key, None)
+            if not pod.spec.node_name or not (cpu or memory):
+                self.cache.remove_pod(key)
+                return
+            # A pod without cards still takes host CPU and memory on its node, as kube-scheduler
+            # counts them; the FGD-style policies weigh what is left (nodes.NodeState.cpu_free_milli).
+            alloc = allocations.PodAllocation(node=pod.spec.node_name, containers=())
+        alloc = msgspec.structs.replace(alloc, cpu_milli=cpu, memory_mib=memory)
         self.cache.add_pod(key, pod.metadata.uid, alloc, pod.inits_done)
 
     # ----- quotas
