@@ -16,6 +16,20 @@ placement, the score is ``floor(0.4 * U + 0.3 * A + 0.2 * T + 0.1 * F)`` where, 
   and power ``100 * clip(1 - draw / limit)``; mean over cards with readings; 50 when none has any.
 * F, memory fragmentation: ``100 * (1 - stranded / |S|)``, where a chosen card is stranded when
   its free memory after placement is above 0 but below 10 % of the card (a sliver nobody can use).
+
+``score_columns`` gives the same integer for many rows of ``columns.NodeColumns`` (the batch
+filter's fast path). The score is ``floor`` of a float sum, so the two paths must agree to the last
+bit: both evaluate the same IEEE-754 operations in the same order on the same operands. Sums run
+left to right card by card (an explicit loop here, one array addition per card position there;
+not Python's ``sum``, which compensates rounding on Python >= 3.12, nor numpy's pairwise
+``sum``); squares are ``d * d`` (not ``** 2``, which goes through ``pow``); integers below 2**53
+convert to floats exactly, and division, ``sqrt`` and ``floor`` are correctly rounded in both. The
+per-card headroom is computed once by ``thermal.headroom`` for both paths (``columns.heads``). The
+card choice is reproduced from the same float keys: the smallest usage after the request, then the
+larger headroom (50 without readings), then the lower index. One shortcut, exact by construction: an
+eligible card has room for the request, so its ratios after placement are at most 1 and the
+``min(1, .)`` of ``usage`` is skipped there; rows with a card that registers no memory or no cores
+take ``usage``'s guarded form.
 """
 
 from __future__ import annotations
@@ -23,13 +37,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
+
 from gpuslice.model import allocations, devices, nodes, requests
-from gpuslice.policy import cards, fit, registry, usage
+from gpuslice.policy import cards, columns, fit, registry, thermal, usage, vectorfit
 
 W_BALANCE, W_AFFINITY, W_THERMAL, W_FRAGMENTATION = 0.4, 0.3, 0.2, 0.1
 NEUTRAL = 50.0
-HOT_C, COOL_C = 90.0, 30.0
+HOT_C, COOL_C = thermal.HOT_C, thermal.COOL_C
 STRANDED_FRACTION = 0.10
+_TM, _UM, _TC, _UC, _SLOTS = (
+    columns.CARD_FIELDS.index(f) for f in ("total_mem", "used_mem", "total_cores", "used_cores", "used_slots")
+)
+_NCARDS, _NOCAP, _HEAD_CARDS = (columns.ROW_FIELDS.index(f) for f in ("ncards", "nocap_cards", "head_cards"))
 
 
 class Balanced:
@@ -50,7 +70,7 @@ class Balanced:
         ctx: registry.Context,
     ) -> tuple[int, ...] | None:
         """The emptiest eligible cards after the request; ties to the cooler card, then index."""
-        heads = _headrooms(state)
+        heads = thermal.headrooms(state)
         wm, wc = usage.DEFAULT_MEMORY_WEIGHT, usage.DEFAULT_CORES_WEIGHT
         cool = [NEUTRAL if h is None else h for h in heads]
         ranked = sorted(eligible, key=lambda i: (usage.card_key(state, i, request, wm, wc), -cool[i], i))
@@ -65,6 +85,19 @@ class Balanced:
             return registry.Scored(0)
         return registry.Scored(components(state, pod, placed.allocation)[-1])
 
+    def score_columns(
+        self,
+        cols: columns.NodeColumns,
+        rows: columns.IntArray,
+        pod: requests.PodRequest,
+        ctx: registry.Context = registry.EMPTY_CONTEXT,
+    ) -> columns.IntArray:
+        """``score_node`` for many rows of a pod ``vectorfit`` can judge (module docstring)."""
+        req = vectorfit.request_of(pod, None)
+        if req is None:
+            raise ValueError("score_columns needs a pod with one GPU container (see vectorfit.request_of)")
+        return _score_rows(cols, rows, pod, req)
+
 
 def components(
     state: nodes.NodeState, pod: requests.PodRequest, alloc: allocations.PodAllocation
@@ -78,17 +111,171 @@ def components(
         return (100.0, NEUTRAL, NEUTRAL, 100.0, registry.MAX_SCORE)
     wm, wc = usage.DEFAULT_MEMORY_WEIGHT, usage.DEFAULT_CORES_WEIGHT
     u = [_card_usage(d, after.usage[i], wm, wc) for i, d in enumerate(devs)]
-    mean = sum(u) / len(u)
-    std = math.sqrt(sum((x - mean) ** 2 for x in u) / len(u))
+    mean = _sum(u) / len(u)
+    std = math.sqrt(_sum([(x - mean) * (x - mean) for x in u]) / len(u))
     balance = min(100.0, max(0.0, 100.0 * (1.0 - 2.0 * std)))
     affinity = _affinity(state, pod, chosen)
-    heads = _headrooms(state)
+    heads = thermal.headrooms(state)
     readings = [h for i in chosen if (h := heads[i]) is not None]
-    thermal = sum(readings) / len(readings) if readings else NEUTRAL
+    heat = _sum(readings) / len(readings) if readings else NEUTRAL
     stranded = sum(1 for i in chosen if 0 < after.free_memory(i) < STRANDED_FRACTION * devs[i].memory_mib)
     frag = 100.0 * (1.0 - stranded / len(chosen))
-    total = W_BALANCE * balance + W_AFFINITY * affinity + W_THERMAL * thermal + W_FRAGMENTATION * frag
-    return (balance, affinity, thermal, frag, min(registry.MAX_SCORE, math.floor(total + 1e-9)))
+    total = W_BALANCE * balance + W_AFFINITY * affinity + W_THERMAL * heat + W_FRAGMENTATION * frag
+    return (balance, affinity, heat, frag, min(registry.MAX_SCORE, math.floor(total + 1e-9)))
+
+
+def _sum(xs: list[float]) -> float:
+    """Left-to-right float sum (what ``_score_rows`` does column by column)."""
+    acc = 0.0
+    for x in xs:
+        acc += x
+    return acc
+
+
+def _ratios(used: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """``usage._ratio`` elementwise: ``min(1, used / total)``, 0 where the capacity is 0."""
+    pos = total > 0
+    out: np.ndarray = np.where(pos, np.minimum(1.0, used / np.where(pos, total, 1)), 0.0)
+    return out
+
+
+def _seq_sum(a: np.ndarray) -> np.ndarray:
+    """Per row, the left-to-right sum of the columns (``_sum`` of each row)."""
+    acc = a[:, 0].copy()
+    for j in range(1, a.shape[1]):
+        acc += a[:, j]
+    return acc
+
+
+def _score_rows(
+    cols: columns.NodeColumns,
+    rows: columns.IntArray,
+    pod: requests.PodRequest,
+    req: requests.ContainerRequest,
+) -> columns.IntArray:
+    """``score_node`` of every row: ``fit.place`` with this policy's card choice, then ``components``.
+
+    Meant for rows the filter passed: host CPU and memory are not checked again, and a row with fewer
+    than ``req.count`` eligible cards scores 0, as ``score_node`` does when ``fit.place`` fails.
+    """
+    n_rows = len(rows)
+    if n_rows == 0 or req.count > cols.cards.shape[1]:  # no row has that many cards
+        return np.zeros(n_rows, np.int64)
+    ok = vectorfit.eligible_cards(cols, rows, pod, req)
+    c = cols.cards[rows]
+    tm, um, tc, uc = c[:, :, _TM], c[:, :, _UM], c[:, :, _TC], c[:, :, _UC]
+    node = cols.nodes[rows]
+    ncards = node[:, _NCARDS]
+    k = c.shape[1]
+    count = req.count
+    idx = np.arange(n_rows)
+    fixed = req.memory_mib > 0 or req.memory_percentage == requests.MEMORY_PERCENTAGE_UNSET
+    # MiB the request takes on each card (req.memory_on), as floats (exact below 2**53)
+    gm: float | np.ndarray = (
+        float(req.memory_mib) if fixed else tm.astype(np.int64) * req.memory_percentage // 100
+    )
+    cores = float(req.cores_clamped)
+    wm, wc = usage.DEFAULT_MEMORY_WEIGHT, usage.DEFAULT_CORES_WEIGHT
+    # Every card's usage now, and with the request on it (the card key; it is the card's usage
+    # after placement when chosen). An eligible card has room for the request, so its ratios are
+    # at most 1 and ``min(1, .)`` is the identity there; key values of other cards are never read.
+    if node[:, _NOCAP].any():  # a card without memory or cores: usage._ratio's guard, elementwise
+        key = wm * _ratios(um + gm, tm) + wc * _ratios(uc + cores, tc)
+        now = wm * _ratios(um, tm) + wc * _ratios(uc, tc)
+    else:  # only padding cards lack capacity: 0 / 1 = 0 keeps their usage 0
+        tmf, tcf = np.maximum(tm, 1), np.maximum(tc, 1)
+        key = wm * ((um + gm) / tmf) + wc * ((uc + cores) / tcf)
+        now = wm * np.minimum(1.0, um / tmf) + wc * np.minimum(1.0, uc / tcf)
+    masked = np.where(ok, key, np.inf)
+    readings = bool(node[:, _HEAD_CARDS].any())
+    picks = _choose(cols, rows, masked, count, readings)  # (count, rows) card positions, ascending
+    at = (idx[None, :], picks)  # the chosen cards, (count, rows)
+    placeable = ok[at].all(axis=0)
+    u = now
+    u[at] = key[at]
+    # U: population std of every card's usage after placement
+    n_f = np.maximum(ncards, 1).astype(np.float64)
+    mean = _seq_sum(u) / n_f
+    sq = u - mean[:, None]
+    sq *= sq
+    if int(ncards.min()) < k:
+        sq[np.arange(k) >= ncards[:, None]] = 0.0  # padding cards are no cards
+    std = np.sqrt(_seq_sum(sq) / n_f)
+    balance = np.minimum(100.0, np.maximum(0.0, 100.0 * (1.0 - 2.0 * std)))
+    # per chosen card (in card order): in use before, memory left after, headroom
+    sel = c[at]  # (count, rows, fields)
+    t = sel[:, :, _TM].astype(np.int64)
+    left = t - (sel[:, :, _UM] + (gm if isinstance(gm, float) else gm[at]))
+    in_use = (sel[:, :, _SLOTS] > 0).sum(axis=0)
+    stranded = ((left > 0) & (left < STRANDED_FRACTION * t)).sum(axis=0)
+    # A: a fractional request joins cards in use; a whole-card one joins cards held exclusively
+    first_mem = t[0]
+    first_grant = req.memory_mib if fixed else first_mem * req.memory_percentage // 100
+    whole = (first_grant >= first_mem) | req.exclusive  # _whole_card on the first chosen card
+    affinity = 100.0 * in_use / count
+    if whole.any():
+        held = (tc > 0) & (uc >= tc)
+        held_others = held.sum(axis=1) - held[at].sum(axis=0)
+        others = ncards - count
+        whole_aff = np.where(others > 0, 100.0 * held_others / np.maximum(others, 1), 100.0)
+        affinity = np.where(whole, whole_aff, affinity)
+    # T: mean headroom of the chosen cards with readings (summed in card order), NEUTRAL without any
+    heat: float | np.ndarray = NEUTRAL
+    if readings:
+        h = cols.heads[rows[None, :], picks]
+        has = ~np.isnan(h)
+        nread = has.sum(axis=0)
+        hv = np.where(has, h, 0.0)
+        heat_sum = hv[0].copy()
+        for j in range(1, count):
+            heat_sum += hv[j]
+        heat = np.where(nread > 0, heat_sum / np.maximum(nread, 1), NEUTRAL)
+    # F: chosen cards left with a sliver (0 < free < 10 % of the card) of memory
+    frag = 100.0 * (1.0 - stranded / count)
+    total = W_BALANCE * balance + W_AFFINITY * affinity + W_THERMAL * heat + W_FRAGMENTATION * frag
+    out: columns.IntArray = np.minimum(registry.MAX_SCORE, np.floor(total + 1e-9)).astype(np.int64)
+    out[~placeable] = 0
+    return out
+
+
+def _choose(
+    cols: columns.NodeColumns, rows: columns.IntArray, masked: np.ndarray, count: int, readings: bool
+) -> np.ndarray:
+    """Per row the ``count`` cards ``choose_cards`` takes, as a (count, rows) array in card order.
+
+    The order is the key (``masked``: inf for ineligible cards), then the larger headroom (NEUTRAL
+    without readings), then the lower index. One card: the first smallest key (argmin returns the
+    first occurrence), and among several cards at it the first largest headroom. More cards: a
+    stable sort by key (ties by index); only where the cards at the last chosen key reach past
+    the cut does the headroom decide which of them go in (one lexsort over those rows). Without
+    any ``readings`` in these rows the index alone breaks ties.
+    """
+    n_rows, k = masked.shape
+    if count == 1:
+        pick = masked.argmin(axis=1)
+        if readings:
+            idx = np.arange(n_rows)
+            tie = masked == masked[idx, pick][:, None]
+            if np.count_nonzero(tie) > n_rows:  # several cards at some row's smallest key
+                heads = cols.heads[rows]
+                pick = np.where(tie, np.where(np.isnan(heads), NEUTRAL, heads), -np.inf).argmax(axis=1)
+        out: np.ndarray = pick[None, :]
+        return out
+    order = np.argsort(masked, axis=1, kind="stable")
+    picks = order[:, :count]
+    if readings and count < k:
+        idx = np.arange(n_rows)
+        last, after = masked[idx, order[:, count - 1]], masked[idx, order[:, count]]
+        cut = np.flatnonzero((last == after) & (last < np.inf))
+        if len(cut):
+            heads = cols.heads[rows[cut]]
+            cool = np.where(np.isnan(heads), NEUTRAL, heads)
+            picks[cut] = np.lexsort((-cool, masked[cut]), axis=1)[:, :count]
+    if count == 2:
+        a, b = picks[:, 0], picks[:, 1]
+        return np.stack((np.minimum(a, b), np.maximum(a, b)))
+    out = np.sort(picks, axis=1).T
+    return out
 
 
 def _card_usage(d: devices.GpuDevice, u: nodes.CardUsage, wm: float, wc: float) -> float:
@@ -111,25 +298,6 @@ def _affinity(state: nodes.NodeState, pod: requests.PodRequest, chosen: list[int
         return 100.0
     held = sum(1 for i in others if cards.held_exclusively(devs[i], state.usage[i]))
     return 100.0 * held / len(others)
-
-
-def _headrooms(state: nodes.NodeState) -> list[float | None]:
-    """Per card, the mean of its temperature and power headrooms (None without readings)."""
-    by_uuid = {t.uuid: t for t in state.inventory.telemetry}
-    out: list[float | None] = []
-    for d in state.inventory.devices:
-        t = by_uuid.get(d.uuid)
-        vals = []
-        if t is not None and t.temperature_c is not None:
-            vals.append(100.0 * _clip((HOT_C - t.temperature_c) / (HOT_C - COOL_C)))
-        if t is not None and t.power_draw_w is not None and t.power_limit_w:
-            vals.append(100.0 * _clip(1.0 - t.power_draw_w / t.power_limit_w))
-        out.append(sum(vals) / len(vals) if vals else None)
-    return out
-
-
-def _clip(x: float) -> float:
-    return min(1.0, max(0.0, x))
 
 
 registry.register("balanced", Balanced)

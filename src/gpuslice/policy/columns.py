@@ -1,7 +1,7 @@
 """Packed per-card arrays for many nodes, so the filter can judge hundreds of nodes in one numpy pass.
 
 Row r holds one node; column k its card k (``k < ncards[r]``); padding cards are ``CARD_ABSENT``.
-Three arrays, laid out for one gather per request:
+Four arrays, laid out for one gather per request:
 
 * ``cards`` (rows, K, ``len(CARD_FIELDS)``) int32 (clipped to its range): every per-card number
   (capacities, usage, state, NUMA node, and the card's type and mode as indices into ``types`` /
@@ -12,8 +12,18 @@ Three arrays, laid out for one gather per request:
   ``HELD`` (all cores taken: no request is eligible, but its reason depends on the request, so
   ``vectorfit`` codes it like a card in use); then free memory, free cores, total memory, total cores, and
   ``idle_ok`` (1 when the card would be usable with no usage: healthy, uncordoned, split > 0).
-* ``nodes`` (rows, ``len(ROW_FIELDS)``) int64: per-node sums, host resources, and the node's
-  card-pair tables as an index into ``links`` (``linktables``; nodes with equal tables share one).
+* ``nodes`` (rows, ``len(ROW_FIELDS)``) int64: per-node sums, host resources, the node's
+  card-pair tables as an index into ``links`` (``linktables``; nodes with equal tables share one),
+  the sum of its cards' free milli-GPU, its GPU-pod tag set as an index into ``tag_sets``, and
+  how many of its cards register no memory or no cores (``nocap_cards``) and how many have a
+  headroom (``head_cards``).
+* ``heads`` (rows, K) float64: each card's thermal/power headroom (``thermal.headroom``; NaN
+  without readings, and for padding).
+
+Per card, ``free_milli`` is ``shares.card_free_milli`` (the paper policies' unit) and the row's
+``tags_id`` names ``shares.node_tags`` of the state as given (recorded tags for a
+``shares.TaggedNodeState``, estimated from usage otherwise). Fields are only ever appended, so
+indices taken with ``CARD_FIELDS.index`` / ``ROW_FIELDS.index`` (and ``hot`` by position) stay valid.
 
 ``ColumnsBuilder`` is the mutable side (the cache rewrites rows as nodes change); ``freeze`` hands
 out an immutable ``NodeColumns`` with read-only copies.
@@ -31,10 +41,11 @@ import numpy.typing as npt
 
 from gpuslice.model import nodes
 from gpuslice.policy import cards as card_checks
-from gpuslice.policy import linktables
+from gpuslice.policy import linktables, shares, thermal
 
 IntArray = npt.NDArray[np.int64]
 Int32Array = npt.NDArray[np.int32]
+FloatArray = npt.NDArray[np.float64]
 
 CARD_OK, CARD_UNHEALTHY, CARD_CORDONED, CARD_ABSENT = 0, 1, 2, 3
 CARD_FIELDS = (
@@ -48,6 +59,7 @@ CARD_FIELDS = (
     "type_id",
     "mode_id",
     "numa",
+    "free_milli",
 )
 ROW_FIELDS = (
     "ncards",
@@ -61,6 +73,10 @@ ROW_FIELDS = (
     "hmem_total",
     "hmem_used",
     "links_id",
+    "sum_free_milli",
+    "tags_id",
+    "nocap_cards",
+    "head_cards",
 )
 FREE, SHARED = 0, 1
 ABSENT, UNHEALTHY, CORDONED, SLOTS_FULL, HELD = 10, 11, 12, 13, 14
@@ -78,9 +94,11 @@ class NodeColumns:
     cards: Int32Array
     hot: Int32Array
     nodes: IntArray
+    heads: FloatArray
     types: tuple[str, ...]
     modes: tuple[str, ...]
     links: tuple[linktables.LinkTables, ...]
+    tag_sets: tuple[frozenset[str], ...]
     _rows: dict[str, int] = dataclasses.field(repr=False, compare=False)
 
     def card(self, field: str) -> Int32Array:
@@ -112,12 +130,17 @@ class ColumnsBuilder:
         self._types: dict[str, int] = {}
         self._modes: dict[str, int] = {}
         self._links: dict[linktables.LinkTables, int] = {}
+        self._tag_sets: dict[frozenset[str], int] = {}
         self._frozen_rows: dict[str, int] | None = None
         self._cards = np.zeros((rows, cards, len(CARD_FIELDS)), np.int32)
         self._cards[:, :, _C["card_state"]] = CARD_ABSENT
         self._hot = np.zeros((rows, cards, len(HOT_FIELDS)), np.int32)
         self._hot[:, :, 0] = ABSENT
         self._nodes = np.zeros((rows, len(ROW_FIELDS)), np.int64)
+        self._heads = np.full((rows, cards), np.nan, np.float64)
+        # rows holding readings -> what was written; the frozen copy is reused while none changes
+        self._head_rows: dict[int, tuple[float | None, ...]] = {}
+        self._frozen_heads: FloatArray | None = None
 
     def _grow(self, rows: int, k: int) -> None:
         old_rows, old_k = self._cards.shape[:2]
@@ -129,7 +152,10 @@ class ColumnsBuilder:
         h[:old_rows, :old_k] = self._hot
         n = np.zeros((rows, len(ROW_FIELDS)), np.int64)
         n[:old_rows] = self._nodes
-        self._cards, self._hot, self._nodes = c, h, n
+        t = np.full((rows, k), np.nan, np.float64)
+        t[:old_rows, :old_k] = self._heads
+        self._cards, self._hot, self._nodes, self._heads = c, h, n, t
+        self._frozen_heads = None
 
     def set(self, state: nodes.NodeState) -> None:
         """Write (or overwrite) the node's row."""
@@ -147,6 +173,9 @@ class ColumnsBuilder:
         cordoned = state.inventory.cordoned
         crow = self._cards[row]
         hrow = self._hot[row]
+        free = shares.free_milli(state)
+        heads = tuple(thermal.headrooms(state)) if state.inventory.telemetry else None
+        self._set_heads(row, heads)
         for i, (d, u) in enumerate(zip(devs, state.usage, strict=True)):
             st = CARD_UNHEALTHY if not d.health else CARD_CORDONED if d.uuid in cordoned else CARD_OK
             type_id = self._types.setdefault(d.type, len(self._types))
@@ -162,6 +191,7 @@ class ColumnsBuilder:
                 type_id,
                 mode_id,
                 d.numa,
+                free[i],
             )
             if st == CARD_UNHEALTHY:
                 flag = UNHEALTHY
@@ -193,6 +223,10 @@ class ColumnsBuilder:
             state.inventory.memory_mib,
             state.memory_used_mib,
             self._links.setdefault(linktables.of(state.inventory), len(self._links)),
+            sum(free),
+            self._tag_sets.setdefault(shares.node_tags(state), len(self._tag_sets)),
+            sum(1 for d in devs if d.memory_mib <= 0 or d.cores <= 0),
+            0 if heads is None else sum(1 for h in heads if h is not None),
         )
 
     def _clear(self, row: int) -> None:
@@ -202,11 +236,26 @@ class ColumnsBuilder:
         self._hot[row, :, 0] = ABSENT
         self._nodes[row] = 0
 
+    def _set_heads(self, row: int, heads: tuple[float | None, ...] | None) -> None:
+        """Write the row's headrooms (None: no readings), only when they changed."""
+        if self._head_rows.get(row) == heads:
+            return
+        self._heads[row] = np.nan
+        if heads is None:
+            self._head_rows.pop(row, None)
+        else:
+            self._head_rows[row] = heads
+            for i, h in enumerate(heads):
+                if h is not None:
+                    self._heads[row, i] = h
+        self._frozen_heads = None
+
     def remove(self, name: str) -> None:
         """Drop the node's row (it becomes free for reuse)."""
         row = self._row_of.pop(name, None)
         if row is not None:
             self._clear(row)
+            self._set_heads(row, None)
             self._free.append(row)
             self._frozen_rows = None
 
@@ -214,7 +263,10 @@ class ColumnsBuilder:
         """An immutable copy of the current arrays (rows in use only)."""
         used = len(self._row_of) + len(self._free)
         c, h, n = self._cards[:used].copy(), self._hot[:used].copy(), self._nodes[:used].copy()
-        for a in (c, h, n):
+        t = self._frozen_heads
+        if t is None or len(t) != used:
+            t = self._frozen_heads = self._heads[:used].copy()
+        for a in (c, h, n, t):
             a.flags.writeable = False
         if self._frozen_rows is None:
             self._frozen_rows = dict(self._row_of)
@@ -224,9 +276,11 @@ class ColumnsBuilder:
             cards=c,
             hot=h,
             nodes=n,
+            heads=t,
             types=tuple(self._types),
             modes=tuple(self._modes),
             links=tuple(self._links),
+            tag_sets=tuple(self._tag_sets),
             _rows=rows,
         )
 

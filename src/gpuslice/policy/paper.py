@@ -4,16 +4,33 @@ Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fra
 Descent", USENIX ATC 2023; the arithmetic follows fgd-experiment.md section 6 (the authors'
 simulator). Scores are integers in 0..100 truncated toward zero; resources are read through
 ``shares`` (free milli per card, per-card share d of the pod).
+
+Every policy also scores many rows of ``columns.NodeColumns`` at once (``score_columns``, the batch
+filter's fast path) with exactly ``score_node``'s result: ``columns`` packs each card's free milli,
+each row's sum of them and its GPU-pod tag set (``shares.node_tags`` of the state it was given, so an
+extender node, a plain ``NodeState``, has its tags estimated from usage as ``score_node`` does). The
+integer arithmetic is the same in numpy (``//`` floors in both); the float formulas of DotProd and
+BestFit are the same IEEE operations in the same order on the same operands (integers below 2**53
+convert exactly), and ``np.trunc`` is Python's ``int()`` on a float. The pod's share d depends on
+the node's first card only for a request in MiB; it is computed per row then.
+
+Random and ``ctx.rng``: Random's node score draws nothing (0 everywhere); its one draw happens in
+``normalize``, once over the candidates, whichever path scored them. Its card rule draws once per
+``fit.place`` of a sharing pod, so the exact path (``fit.place`` on every node) advances the stream
+once per feasible node while the fast path draws only for the node ``batch.choose`` places on:
+feasibility and scores are identical on both paths, the position in the stream is not, and a card
+drawn for the chosen node is an equally uniform draw either way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
-from gpuslice.model import nodes, requests
-from gpuslice.policy import registry, shares
+from gpuslice.model import devices, nodes, requests
+from gpuslice.policy import columns, registry, shares
 
 MAX_SPEC_CPU = 128000
 """CPU normalizer (millicores of the largest node)."""
@@ -21,8 +38,51 @@ MAX_SPEC_GPU = 8000
 """GPU normalizer (milli-GPU of the largest node)."""
 
 
+_FIRST_MEM, _CPU_TOTAL, _CPU_USED, _SUM_FREE, _TAGS_ID, _NCARDS = (
+    columns.ROW_FIELDS.index(f)
+    for f in ("first_mem", "cpu_total", "cpu_used", "sum_free_milli", "tags_id", "ncards")
+)
+_FREE_MILLI = columns.CARD_FIELDS.index("free_milli")
+
+
 def _view(state: nodes.NodeState, pod: requests.PodRequest) -> tuple[tuple[int, ...], shares.Demand]:
     return shares.free_milli(state), shares.demand(pod, shares.card_memory(state))
+
+
+_IntLike = int | columns.IntArray
+
+
+class _RowDemand(NamedTuple):
+    """``shares.demand`` over many rows: CPU and card count are the pod's; the share may vary by row."""
+
+    cpu_milli: int
+    share_milli: _IntLike
+    gpus: int
+
+
+def _row_demand(node: columns.IntArray, pod: requests.PodRequest) -> _RowDemand:
+    """``shares.demand(pod, first card's memory)`` for each row of ``cols.nodes[rows]``."""
+    count = 0
+    fixed = 0
+    per_row: list[columns.IntArray] = []
+    for req in pod.app_containers:
+        if req is None or req.count <= 0:
+            continue
+        count += req.count
+        if not req.exclusive and req.memory_mib > 0:
+            # shares.request_share with a MiB request: a ceil of the card-memory share, per row
+            by_cores = req.cores_clamped * shares.FULL // devices.FULL_CORES
+            mem = node[:, _FIRST_MEM]
+            by_memory = np.where(mem > 0, -(-req.memory_mib * shares.FULL // np.maximum(mem, 1)), shares.FULL)
+            per_row.append(np.minimum(shares.FULL, np.maximum(by_cores, by_memory)))
+        else:
+            fixed = max(fixed, shares.request_share(req))
+    if not count:
+        return _RowDemand(pod.cpu_milli, 0, 0)
+    share: _IntLike = fixed
+    for arr in per_row:
+        share = np.maximum(share, arr)
+    return _RowDemand(pod.cpu_milli, share, count)
 
 
 class _BestCards:
@@ -51,6 +111,16 @@ class RandomPolicy:
     ) -> registry.Scored:
         """Every node scores 0 before the batch step."""
         return registry.Scored(0)
+
+    def score_columns(
+        self,
+        cols: columns.NodeColumns,
+        rows: columns.IntArray,
+        pod: requests.PodRequest,
+        ctx: registry.Context,
+    ) -> columns.IntArray:
+        """``score_node`` for many rows: 0 (nothing is drawn; see the module docstring)."""
+        return np.zeros(len(rows), np.int64)
 
     def normalize(self, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:
         """Give 100 to one uniformly drawn candidate (the first without a random source)."""
@@ -91,6 +161,22 @@ class DotProd(_BestCards):
         ) * (d.gpu_milli / MAX_SPEC_GPU)
         return registry.Scored(int(100 * (1 - dot / 2)))
 
+    def score_columns(
+        self,
+        cols: columns.NodeColumns,
+        rows: columns.IntArray,
+        pod: requests.PodRequest,
+        ctx: registry.Context,
+    ) -> columns.IntArray:
+        """``score_node`` for many rows (the same float operations in the same order)."""
+        node = cols.nodes[rows]
+        d = _row_demand(node, pod)
+        cpu_free = node[:, _CPU_TOTAL] - node[:, _CPU_USED]
+        dot = (cpu_free / MAX_SPEC_CPU) * (d.cpu_milli / MAX_SPEC_CPU) + (
+            node[:, _SUM_FREE] / MAX_SPEC_GPU
+        ) * ((d.gpus * d.share_milli) / MAX_SPEC_GPU)
+        return _trunc(100 * (1 - dot / 2))
+
 
 class GpuClustering(_BestCards):
     """GpuClustering: put GPU pods with GPU pods of the same tag, then fill used nodes."""
@@ -113,6 +199,42 @@ class GpuClustering(_BestCards):
         if not tags:
             return registry.Scored(b + 25)
         return registry.Scored(b)
+
+    def score_columns(
+        self,
+        cols: columns.NodeColumns,
+        rows: columns.IntArray,
+        pod: requests.PodRequest,
+        ctx: registry.Context,
+    ) -> columns.IntArray:
+        """``score_node`` for many rows (tags from ``columns``' per-row tag set)."""
+        node = cols.nodes[rows]
+        d = _row_demand(node, pod)
+        if d.gpus == 0:
+            return np.zeros(len(rows), np.int64)
+        b = 25 * (MAX_SPEC_GPU - node[:, _SUM_FREE]) // MAX_SPEC_GPU
+        tags_id = node[:, _TAGS_ID]
+        sharing = d.share_milli < shares.FULL
+        whole_tag = f"{d.gpus}-gpu"
+        if isinstance(sharing, bool):
+            table = np.array(
+                [_cluster_bonus(t, shares.SHARE_TAG if sharing else whole_tag) for t in cols.tag_sets]
+            )
+            out: columns.IntArray = b + table[tags_id]
+            return out
+        share_t = np.array([_cluster_bonus(t, shares.SHARE_TAG) for t in cols.tag_sets])
+        whole_t = np.array([_cluster_bonus(t, whole_tag) for t in cols.tag_sets])
+        out = b + np.where(sharing, share_t[tags_id], whole_t[tags_id])
+        return out
+
+
+def _cluster_bonus(tags: frozenset[str], tag: str) -> int:
+    """GpuClustering's bonus of a node's tag set for a pod's tag (75, 50, 25 or 0)."""
+    if tags == {tag}:
+        return 75
+    if tag in tags:
+        return 50
+    return 0 if tags else 25
 
 
 def packing_score(free: tuple[int, ...], d: shares.Demand) -> int:
@@ -141,6 +263,37 @@ class GpuPacking(_BestCards):
         free, d = _view(state, pod)
         return registry.Scored(packing_score(free, d))
 
+    def score_columns(
+        self,
+        cols: columns.NodeColumns,
+        rows: columns.IntArray,
+        pod: requests.PodRequest,
+        ctx: registry.Context,
+    ) -> columns.IntArray:
+        """``packing_score`` for many rows (padding cards are left out as ``free`` leaves them)."""
+        node = cols.nodes[rows]
+        d = _row_demand(node, pod)
+        if d.gpus == 0:
+            return np.zeros(len(rows), np.int64)
+        free = cols.cards[rows, :, _FREE_MILLI].astype(np.int64)
+        k = free.shape[1]
+        real = np.arange(k) < node[:, _NCARDS][:, None]
+        fully_free = ((free >= shares.FULL) & real).sum(axis=1)
+        empty_node = np.maximum(33 - fully_free, fully_free)
+        share = d.share_milli if isinstance(d.share_milli, int) else d.share_milli[:, None]
+        # the cards that fit the share, ascending; the first ``gpus`` of them are picked
+        big = np.iinfo(np.int64).max
+        fits = np.sort(np.where(real & (free >= share), free, big), axis=1)[:, : d.gpus]
+        picked = fits != big
+        used_free = (picked & (fits >= shares.FULL)).sum(axis=1)
+        pct = np.where(picked, fits * 100 // shares.FULL, 0).sum(axis=1)
+        out: columns.IntArray = np.where(
+            fully_free == node[:, _NCARDS],
+            empty_node,
+            np.where(used_free > 0, np.maximum(50 - used_free, 33), np.maximum(100 - pct // 10, 50)),
+        )
+        return out
+
 
 class BestFit(_BestCards):
     """BestFit: least leftover CPU and GPU (equal weights), min-max normalized over the candidates."""
@@ -158,6 +311,23 @@ class BestFit(_BestCards):
         )
         return registry.Scored(int((1 - s) * 100))
 
+    def score_columns(
+        self,
+        cols: columns.NodeColumns,
+        rows: columns.IntArray,
+        pod: requests.PodRequest,
+        ctx: registry.Context,
+    ) -> columns.IntArray:
+        """Raw ``score_node`` for many rows (same float operations and order); ``normalize`` is separate."""
+        node = cols.nodes[rows]
+        d = _row_demand(node, pod)
+        cpu_free = node[:, _CPU_TOTAL] - node[:, _CPU_USED]
+        s = (
+            0.5 * (cpu_free - d.cpu_milli) / MAX_SPEC_CPU
+            + 0.5 * (node[:, _SUM_FREE] - d.gpus * d.share_milli) / MAX_SPEC_GPU
+        )
+        return _trunc((1 - s) * 100)
+
     def normalize(self, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:
         """``(raw - lo) * 100 // (hi - lo)`` over the candidates, 0 when all are equal.
 
@@ -170,6 +340,12 @@ class BestFit(_BestCards):
             return np.zeros_like(scores)
         out: np.ndarray = (scores - lo) * registry.MAX_SCORE // (hi - lo)
         return out
+
+
+def _trunc(x: columns.FloatArray) -> columns.IntArray:
+    """Python's ``int()`` of each float (toward zero)."""
+    out: columns.IntArray = np.trunc(x).astype(np.int64)
+    return out
 
 
 def _factory(cls: type[registry.Policy]) -> registry.PolicyFactory:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gpuslice.model import nodes, requests
-from gpuslice.policy import balanced, fit, registry
+from gpuslice.policy import balanced, fit, registry, thermal
 from tests.unit.builders import node, pod
 
 pytestmark = pytest.mark.unit
@@ -81,3 +82,32 @@ def test_cooler_card_wins_ties() -> None:
 def test_args_rejected() -> None:
     with pytest.raises(ValueError, match="no args"):
         registry.get("balanced", {"x": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("readings", "expected"),
+    [
+        # temperature only: 100 * (90 - 45) / 60 = 75
+        ({"temperature_c": 45.0}, 75.0),
+        # power only: 100 * (1 - 100 / 400) = 75; a zero or missing limit is no reading
+        ({"power_draw_w": 100.0, "power_limit_w": 400.0}, 75.0),
+        ({"power_draw_w": 100.0, "power_limit_w": 0.0}, None),
+        ({"power_draw_w": 100.0}, None),
+        # both: the mean of 100 (20 C, clipped) and 0 (draw above the limit, clipped)
+        ({"temperature_c": 20.0, "power_draw_w": 500.0, "power_limit_w": 400.0}, 50.0),
+        ({}, None),
+    ],
+    ids=["temperature", "power", "zero-limit", "no-limit", "both-clipped", "none"],
+)
+def test_headroom(readings: dict[str, float], expected: float | None) -> None:
+    t = nodes.CardTelemetry(uuid="GPU-x", **readings)  # type: ignore[arg-type]
+    assert thermal.headroom(t) == expected
+    assert thermal.headroom(None) is None
+
+
+def test_sums_run_left_to_right() -> None:
+    # 1 + 1e-16 + 1e-16: left to right each small term rounds away (1.0); a compensated or
+    # pairwise sum keeps them (1.0000000000000002). Both paths of the score use the first.
+    xs = [1.0, 1e-16, 1e-16]
+    assert balanced._sum(xs) == 1.0
+    assert balanced._seq_sum(np.array([xs]))[0] == 1.0
