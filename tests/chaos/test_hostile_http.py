@@ -74,6 +74,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             str(TIMEOUT_S),
             "--body-timeout-s",
             str(TIMEOUT_S),
+            "--node-choice",  # the filter answers every feasible node: all of them are checked below
+            "rank",
         ]
         ext = devcluster.Extender(cp.kubeconfig, work / "gpuslice.log", extra_args=[*args, "-v", "0"]).start()
         served = Served(ext)

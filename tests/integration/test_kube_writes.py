@@ -1,14 +1,17 @@
 """Binding, pod patches and the HAMi node lock against a real kube-apiserver.
 
-Aspects: the raw binding POST (201, idempotent repeat, wrong UID, other node); merge patches of
-annotations + label with a UID precondition; the node lock's compare-and-swap (two concurrent
-acquirers, dangling owners taken over, a Pending owner never stolen, expiry, owner-checked
-release).
+Aspects: the raw binding POST (201, idempotent repeat, wrong UID, other node); the Binding
+carrying the pod's device annotations (written in the very update that binds the pod, nothing
+written when refused, labels dropped with the default feature gates, a repeat keeping the first
+writer's annotations) and ``extender.binder.KubeBinder.bind`` on it; merge patches of annotations
++ label with a UID precondition; the node lock's compare-and-swap (two concurrent acquirers,
+dangling owners taken over, a Pending owner never stolen, expiry, owner-checked release).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from lightkube.resources.core_v1 import Node
@@ -16,6 +19,7 @@ from lightkube.resources.core_v1 import Node
 from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
 from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice.extender import binder as binders
 from gpuslice.kube import binding, errors, locks, pods
 from gpuslice.kube import client as kclient
 from tests.integration import kubehelpers as h
@@ -51,6 +55,127 @@ async def test_bind_elsewhere_or_wrong_uid_fails(
         await binding.bind(kube, namespace, "q", other_uid, "another-node")
     with pytest.raises(errors.NotFound):
         await binding.bind(kube, namespace, "absent", "", node_name)
+
+
+ANN = {
+    keys.VGPU_NODE: "",  # set per test: the node
+    keys.VGPU_TIME: "1700000000",
+    keys.DEVICES_TO_ALLOCATE: "GPU-a,NVIDIA,3000,0:;",
+    keys.DEVICES_ALLOCATED: "GPU-a,NVIDIA,3000,0:;",
+    keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING,
+    keys.BIND_TIME: "1700000000",
+}
+
+
+async def _pod_events(kube: kclient.KubeClient, namespace: str, since: str) -> list[dict[str, object]]:
+    """Every watch event of the namespace's pods after resourceVersion ``since`` (a 1 s watch)."""
+    resp = await kube.request(
+        "GET",
+        f"/api/v1/namespaces/{namespace}/pods",
+        params={"watch": "true", "resourceVersion": since, "timeoutSeconds": 1},
+        timeout=10,
+    )
+    return [json.loads(line) for line in resp.content.splitlines() if line.strip()]
+
+
+async def test_binding_writes_its_annotations_in_the_update_that_binds_the_pod(
+    control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str, node_name: str
+) -> None:
+    h.create_node(control_plane, node_name)
+    created = h.create_pod(control_plane, namespace, "p", annotations={"example.com/keep": "yes"})
+    ann = ANN | {keys.VGPU_NODE: node_name}
+
+    got = await binding.create(
+        kube,
+        namespace,
+        "p",
+        created["metadata"]["uid"],
+        node_name,
+        annotations=ann,
+        labels={keys.VGPU_NODE: node_name},
+    )
+
+    assert got == binding.Bound(True)
+    pod = await pods.get(kube, namespace, "p")
+    assert pod.spec.node_name == node_name
+    assert pod.metadata.annotations == ann | {"example.com/keep": "yes"}  # merged, nothing lost
+    # One update: the first event after the pod's creation is already bound *and* annotated, so
+    # no watcher (kubelet, the device plugin) ever sees one without the other.
+    (event,) = await _pod_events(kube, namespace, created["metadata"]["resourceVersion"])
+    obj = event["object"]
+    assert isinstance(obj, dict)
+    assert event["type"] == "MODIFIED" and obj["spec"]["nodeName"] == node_name
+    assert obj["metadata"]["annotations"] == ann | {"example.com/keep": "yes"}
+    # Binding labels are copied only behind the PodTopologyLabelsAdmission feature gate (alpha,
+    # off by default in this apiserver): the claim label HAMi's scheduler writes is not there.
+    assert keys.VGPU_NODE not in pod.metadata.labels
+
+
+async def test_refused_binding_writes_nothing_and_a_repeat_keeps_the_first_annotations(
+    control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str, node_name: str
+) -> None:
+    h.create_node(control_plane, node_name)
+    uid = h.create_pod(control_plane, namespace, "p")["metadata"]["uid"]
+    ann = ANN | {keys.VGPU_NODE: node_name}
+
+    # The pod was deleted and recreated: the UID precondition refuses the update as a whole.
+    with pytest.raises(binding.BindError, match="uid"):
+        await binding.create(
+            kube, namespace, "p", "00000000-0000-0000-0000-000000000000", node_name, annotations=ann
+        )
+    pod = await pods.get(kube, namespace, "p")
+    assert pod.spec.node_name == "" and not any(k in pod.metadata.annotations for k in ann)
+
+    await binding.create(kube, namespace, "p", uid, node_name, annotations=ann)
+    other = ann | {keys.DEVICES_ALLOCATED: "GPU-b,NVIDIA,3000,0:;", keys.BIND_TIME: "1700000009"}
+    again = await binding.create(kube, namespace, "p", uid, node_name, annotations=other)
+    assert again.created is False and again.pod is not None
+    assert again.pod.metadata.annotations[keys.DEVICES_ALLOCATED] == ann[keys.DEVICES_ALLOCATED]
+    assert (await pods.get(kube, namespace, "p")).metadata.annotations[keys.BIND_TIME] == "1700000000"
+
+
+async def test_kube_binder_tells_its_own_binding_from_another_writers(
+    control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str, node_name: str
+) -> None:
+    h.create_node(control_plane, node_name)
+    uid = h.create_pod(control_plane, namespace, "p")["metadata"]["uid"]
+    ann = ANN | {keys.VGPU_NODE: node_name}
+    b = binders.KubeBinder(kube)
+
+    assert await b.bind(namespace, "p", uid, node_name, ann) is True
+    await b.label(namespace, "p", uid, node_name)  # what the Binding could not carry
+    assert (await pods.get(kube, namespace, "p")).metadata.labels[keys.VGPU_NODE] == node_name
+    # Our own retry (an answer lost in a timeout): the pod carries our decision.
+    assert await b.bind(namespace, "p", uid, node_name, ann) is True
+    # The device plugin answered meanwhile; still our decision.
+    await pods.patch_annotations(
+        kube, namespace, "p", {keys.DEVICES_TO_ALLOCATE: ";", keys.BIND_PHASE: keys.BIND_PHASE_SUCCESS}
+    )
+    assert await b.bind(namespace, "p", uid, node_name, ann) is True
+    # Another binder's decision (another card) for the same pod and node: not ours.
+    theirs = ann | {keys.DEVICES_ALLOCATED: "GPU-b,NVIDIA,3000,0:;"}
+    assert await b.bind(namespace, "p", uid, node_name, theirs) is False
+    with pytest.raises(binders.BindFailure) as err:
+        await b.bind(namespace, "p", uid, "another-node", ann)
+    assert (err.value.reason, err.value.ambiguous) == ("AlreadyBound", False)
+
+
+async def test_claimed_pods_of_a_node_include_those_bound_with_annotations_only(
+    control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str, node_name: str
+) -> None:
+    h.create_node(control_plane, node_name)
+    uid = h.create_pod(control_plane, namespace, "bound")["metadata"]["uid"]
+    await binding.create(
+        kube, namespace, "bound", uid, node_name, annotations=ANN | {keys.VGPU_NODE: node_name}
+    )
+    h.create_pod(control_plane, namespace, "claiming")  # HAMi's filter: annotations + label, unbound
+    await pods.patch_allocation(kube, namespace, "claiming", ANN | {keys.VGPU_NODE: node_name})
+    h.create_pod(control_plane, namespace, "elsewhere")
+    await pods.patch_allocation(kube, namespace, "elsewhere", ANN | {keys.VGPU_NODE: "another-node"})
+
+    claimed = await pods.list_claimed(kube, node_name)
+
+    assert sorted(p.metadata.name for p in claimed) == ["bound", "claiming"]
 
 
 async def test_patch_allocation_sets_annotations_and_label(

@@ -184,3 +184,56 @@ async def test_truth_check_reads_the_node_from_the_api_when_the_watch_lags(
     await source.settle(node_name, rv)
     assert cache.pod_state(key) is cluster_cache.PodState.ADDED
     assert cache.snapshot().nodes[node_name].usage[0].memory_mib == 40000
+
+
+async def test_lock_left_by_a_bind_killed_before_its_binding_is_released(
+    control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str, node_name: str
+) -> None:
+    """The bind's only write before the Binding is the node lock (the annotations travel in the
+    Binding), so a bind killed there leaves a lock naming a Pending pod that carries nothing."""
+    await nodesim.make_node(kube, node_name, count=2, memory_mib=81920)
+    h.create_pod(control_plane, namespace, "killed", gpus=1)
+    current = await locks.read_node(kube, node_name)
+    taken = time.time() - 10
+    await locks._write(
+        kube, node_name, lockcodec.encode(taken, namespace, "killed"), current.metadata.resource_version
+    )
+    async with stack(kube) as (source, sweeper, events):
+        await sweeper.sweep()
+        node = await locks.read_node(kube, node_name)
+        assert keys.NODE_LOCK not in node.metadata.annotations
+        pod = await pods.get(kube, namespace, "killed")
+        assert pod.spec.node_name == "" and keys.VGPU_NODE not in pod.metadata.annotations
+        assert (f"{namespace}/killed", "Warning", "OrphanBindCleared") in events.seen
+        assert source.cache.pod_state(f"{namespace}/killed") is None
+
+
+async def test_truth_check_charges_a_pod_bound_with_its_annotations_in_the_binding(
+    control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str, node_name: str
+) -> None:
+    """Another replica's bind wrote its claim in the Binding only: no ``hami.io/vgpu-node`` label."""
+    await nodesim.make_node(kube, node_name, count=2, memory_mib=81920)
+    cache = cluster_cache.ClusterCache()
+    source = feed.Feed(kube, cache, SETTINGS, logs.Log(0), metrics.Metrics())
+    for inf in source.informers:  # listed once, never watching: the watch "lags" forever
+        await inf.relist()
+    uuid = nodesim.cards(node_name, count=2)[1].uuid
+    uid = h.create_pod(control_plane, namespace, "other", gpus=1)["metadata"]["uid"]
+    ann = {
+        keys.VGPU_NODE: node_name,
+        keys.VGPU_TIME: str(int(time.time())),
+        keys.DEVICES_ALLOCATED: f"{uuid},NVIDIA,30000,0:;",
+        keys.DEVICES_TO_ALLOCATE: f"{uuid},NVIDIA,30000,0:;",
+        keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING,
+        keys.BIND_TIME: str(int(time.time())),
+    }
+    assert await binder.KubeBinder(kube).bind(namespace, "other", uid, node_name, ann)
+    key = f"{namespace}/other"
+    assert keys.VGPU_NODE not in (await pods.get(kube, namespace, "other")).metadata.labels
+    assert cache.pod_state(key) is None
+    # Our bind takes the node lock after that Binding, and settles up to the lock write.
+    h.create_pod(control_plane, namespace, "mine", gpus=1)
+    rv = (await locks.acquire(kube, node_name, namespace, "mine")).resource_version
+    await source.settle(node_name, rv)
+    assert cache.pod_state(key) is cluster_cache.PodState.ADDED
+    assert cache.snapshot().nodes[node_name].usage[1].memory_mib == 30000

@@ -1,4 +1,4 @@
-"""The bind verb: choose cards, reserve them, take HAMi's node lock, check the truth, write, bind.
+"""The bind verb: choose cards, reserve them, take HAMi's node lock, check the truth, bind.
 
 The order of one GPU bind, and why each step is where it is:
 
@@ -13,24 +13,42 @@ The order of one GPU bind, and why each step is where it is:
 4. **Node lock.** HAMi's ``hami.io/mutex.lock`` (waiting briefly, see ``nodelock``). Every writer
    of device annotations (other replicas, a previous incarnation of this process, HAMi's own
    scheduler) holds it while it writes, so once it is ours nobody else changes the node's pods.
-5. **Check the truth.** The cache must have seen every pod write on the node up to the lock: the
-   pod watch must have passed the lock write's resourceVersion (etcd revisions are one global
-   counter), or else the node's claimed pods are read from the API and applied. Then the
+5. **Check the truth.** The cache must have seen every pod write on the node made under the lock
+   before us: the pod watch must have passed the resourceVersion ``lock_node`` returns (etcd
+   revisions are one global counter; it is the node version our lock's compare-and-swap was
+   based on, at or after the previous holder's release), or else the node's claimed pods are read
+   from the API and applied. Then the
    reservation is admitted again against that state, and re-placed (or refused) if it no longer
    fits. This is what makes restarts, several replicas and a lagging watch safe.
-6. **Write.** The pod annotations (``vgpu-node`` + label, ``vgpu-time``, both device keys,
-   ``bind-phase: allocating``, ``bind-time``), then the Binding with the pod UID, both within
-   ``commit_deadline_s`` of the lock (per-request timeouts), so a live bind is never older than
-   the recovery loop's orphan grace.
-7. **Outcome.** A definite failure (4xx) is rolled back: reservation forgotten, annotations
-   removed, lock released. An *ambiguous* failure (timeout, lost connection, 5xx: the write may
-   have been applied) is not: the reservation, the annotations and the lock stay, and a resolver
-   task finishes the bind (the writes are idempotent) or undoes it once the API says the pod is
-   gone or bound elsewhere. A pod is therefore never bound without its devices by our hand.
+6. **Bind.** One write: the Binding, with the pod UID as precondition, carrying every device
+   annotation HAMi's device plugin reads (``vgpu-node``, ``vgpu-time``, both device keys,
+   ``bind-phase: allocating``, ``bind-time``) in its metadata. The apiserver merges them into the
+   pod in the same etcd update that sets ``spec.nodeName`` (``kube.binding``), so the pod is never
+   bound without its devices, nor annotated without being bound, and the device plugin reading
+   the pod at ``Allocate`` (after the Binding) sees them as it saw a separate patch. It is sent
+   within ``commit_deadline_s`` of the lock (a per-request timeout), so a live bind is never
+   older than the recovery loop's orphan grace. The ``hami.io/vgpu-node`` label HAMi's scheduler
+   also sets travels in the Binding too, but the apiserver copies Binding labels only behind a
+   feature gate that is off by default: the truth check therefore lists the node's bound pods as
+   well as the labelled ones (``kube.pods.list_claimed``), and the label, which HAMi's vGPU
+   monitor selects a node's pods by, is merge-patched once the device plugin has released the
+   node lock after ``Allocate`` (``_label_later``): it never races the plugin's own pod writes
+   and is off the path of the node's next bind.
+7. **Outcome.** Success, or the pod found bound to the node already (a repeat: it carries our
+   ``binder.DECISION_KEYS``; or another writer's Binding: its devices are charged by the watch
+   and our reservation goes, the lock stays for its ``Allocate``). A definite failure (4xx) wrote
+   nothing, and is rolled back: reservation forgotten, lock released. An *ambiguous* failure
+   (timeout, lost connection, 5xx: the Binding may have landed) is not: the reservation and the
+   lock stay, and a resolver task reads the pod until it can tell: bound here with our
+   annotations (done), not bound (the Binding is sent again), gone or bound elsewhere (undone).
 
-The node lock stays held after success: the device plugin releases it after ``Allocate``. Every
-outcome is an ``Outcome`` (a result label for metrics and the error text for the wire), never an
-exception. A repeated bind of a pod already bound to the node succeeds.
+A crash before the Binding leaves only the node lock, which names a pod nothing will bind: the
+recovery loop releases it after the orphan grace (or a retried bind of the pod adopts it). A crash
+after it leaves a bound pod with its devices (without the label if it came before the label
+patch: only HAMi's vGPU monitor misses the pod). The node lock stays held after success: the device
+plugin releases it after ``Allocate``. Every outcome is an ``Outcome`` (a result label for metrics
+and the error text for the wire), never an exception. A repeated bind of a pod already bound to
+the node succeeds.
 """
 
 from __future__ import annotations
@@ -67,6 +85,8 @@ QUEUE_MARGIN_S = 1.0
 """Of ``bind_timeout_s``, kept back from the per-node queue for the truth check and the answer."""
 RESOLVE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)
 """Pauses between the resolver's attempts to finish an ambiguous bind (the last one repeats)."""
+LABEL_AFTER_S = 30.0
+"""A pod we bound is labelled at the latest this long after its Binding (see ``_label_later``)."""
 
 
 class Events(Protocol):
@@ -173,6 +193,16 @@ class _Bind:
 
 
 @dataclasses.dataclass
+class _Unlabelled:
+    """A pod we bound, whose ``hami.io/vgpu-node`` label waits for its device plugin's Allocate."""
+
+    job: _Bind
+    seen: bool
+    """The node watch has shown the node lock naming the pod."""
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclasses.dataclass
 class BindFlow:
     """The bind verb's state: per-pod memos, per-node queues, lock waits, live binds, resolvers."""
 
@@ -206,6 +236,8 @@ class BindFlow:
     _queues: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
     _live: dict[str, str] = dataclasses.field(default_factory=dict)
     _resolvers: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
+    _unlabelled: dict[str, _Unlabelled] = dataclasses.field(default_factory=dict)
+    _labellers: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._waiter = nodelock.LockWaiter(self.binder, self._now, self.metrics, self.lock_wait_s)
@@ -231,8 +263,19 @@ class BindFlow:
         self._nudger.capacity_freed(node)
 
     def node_lock_changed(self, node: str, held: bool) -> None:
-        """The node watch saw HAMi's lock annotation set (held) or removed; see ``nodelock``."""
+        """The node watch saw HAMi's lock annotation set (held) or removed; see ``nodelock``.
+
+        Also labels the pod we bound last on the node once the lock, having named it, names it no
+        more: its device plugin has answered ``Allocate`` (``_label_later``).
+        """
         self._waiter.changed(node, held)
+        pending = self._unlabelled.get(node)
+        if pending is None:
+            return
+        if self.lock_owner(node) == pending.job.key:
+            pending.seen = True
+        elif pending.seen:
+            self._label_now(node, pending)
 
     def remember_filter(self, uid: str, summary: str) -> None:
         """Keep the filter summary of a pod for its bind event."""
@@ -257,9 +300,13 @@ class BindFlow:
         return dict(self._live)
 
     async def drain(self) -> None:
-        """Wait for the resolvers of ambiguous binds (shutdown, tests)."""
+        """Wait for the resolvers of ambiguous binds; label the pods whose label waits (shutdown, tests)."""
         while self._resolvers:
             await asyncio.gather(*list(self._resolvers), return_exceptions=True)
+        for node, pending in list(self._unlabelled.items()):
+            self._label_now(node, pending)
+        while self._labellers:
+            await asyncio.gather(*list(self._labellers), return_exceptions=True)
 
     # ----- the verb
 
@@ -348,13 +395,15 @@ class BindFlow:
                 finally:
                     queue.release()
             handed_over = outcome.result == "pending"
-            return outcome
         except BaseException:
             self.cache.forget(key)
             raise
         finally:
             if not handed_over:
                 self._live.pop(key, None)
+        if outcome is BOUND:
+            self._label_later(job)
+        return outcome
 
     def _excluded(self, node: str, locked: bool) -> str | None:
         """Why ``node`` must not get the pod now; once we hold its lock, a held lock is no reason."""
@@ -419,7 +468,7 @@ class BindFlow:
     async def _bind_plain(self, ns: str, name: str, uid: str, node: str) -> Outcome:
         """A pod without GPUs: no reservation, no node lock, no annotations; just the Binding."""
         try:
-            await self.binder.bind(ns, name, uid, node)
+            await self.binder.bind(ns, name, uid, node)  # no annotations: any Binding to node is it
         except binders.BindFailure as err:
             self.metrics.api_errors.labels(err.operation).inc()
             if err.ambiguous and await self._bound_anyway(ns, name, uid, node):
@@ -450,7 +499,7 @@ class BindFlow:
             await self.truth.settle(node, lock_rv)
         except binders.BindFailure as err:
             self.metrics.api_errors.labels(err.operation).inc()
-            await self._undo(job, annotated=False, locked=True)
+            await self._undo(job)
             return self._failed(job, err)
         refused = self._readmit(job)
         if refused is None and self.monotonic() >= deadline:
@@ -459,34 +508,24 @@ class BindFlow:
                 "failed", f"commit deadline ({self.commit_deadline_s:g}s) passed before the writes"
             )
         if refused is not None:
-            await self._undo(job, annotated=False, locked=True)
+            await self._undo(job)
             return refused
         annotations = pod_devices.bind_annotations(job.alloc, self.clock())  # the time of the write
+        # The annotations travel in the Binding; this failpoint keeps its place just before it.
+        await self.faults.hit("bind-before-binding")
         marks.append(self.monotonic())
         try:
-            await self.binder.annotate(ns, name, uid, annotations, timeout=self._remaining(deadline))
+            ours = await self.binder.bind(ns, name, uid, node, annotations, timeout=self._remaining(deadline))
         except binders.BindFailure as err:
             self.metrics.api_errors.labels(err.operation).inc()
             if err.ambiguous:
                 return self._hand_over(job, annotations, err)
-            await self._undo(job, annotated=False, locked=True)
-            return self._failed(job, err)
-        await self.faults.hit("bind-after-annotate")
-        marks.append(self.monotonic())
-        try:
-            await self.binder.bind(ns, name, uid, node, timeout=self._remaining(deadline))
-        except binders.BindFailure as err:
-            self.metrics.api_errors.labels(err.operation).inc()
-            if err.ambiguous:
-                return self._hand_over(job, annotations, err)
-            await self._undo(job, annotated=True, locked=True)
+            await self._undo(job)
             return self._failed(job, err)
         await self.faults.hit("bind-after-binding")
         marks.append(self.monotonic())
         if self.log.enabled(3):
-            lock_ms, truth_ms, ann_ms, bind_ms = (
-                (b - a) * 1e3 for a, b in zip(marks, marks[1:], strict=False)
-            )
+            lock_ms, truth_ms, bind_ms = ((b - a) * 1e3 for a, b in zip(marks, marks[1:], strict=False))
             self.log.v(
                 3,
                 "bind timing",
@@ -494,10 +533,57 @@ class BindFlow:
                 node=node,
                 lock_ms=f"{lock_ms:.1f}",
                 truth_ms=f"{truth_ms:.1f}",
-                annotate_ms=f"{ann_ms:.1f}",
                 binding_ms=f"{bind_ms:.1f}",
             )
+        if not ours:
+            return self._bound_by_another(job)
         return self._succeeded(job)
+
+    def _label_later(self, job: _Bind) -> None:
+        """Label the pod we just bound once its device plugin is done with it.
+
+        HAMi's ``hami.io/vgpu-node`` label cannot travel in the Binding (``kube.binding``); HAMi's
+        vGPU monitor selects a node's pods by it, for containers that run, i.e. after
+        ``Allocate``. The device plugin writes the pod (``bind-phase``, the device entries it
+        consumed) and then releases the node lock, so the label is patched when the node watch
+        shows the lock, having named the pod, naming it no more: never in a race with the plugin's
+        writes (a compare-and-swap writer would have to retry), and off the path of the node's
+        next bind. A later bind on the node labels an earlier pod still waiting (its Allocate is
+        over, since the lock moved on), and ``LABEL_AFTER_S`` bounds the wait, should the watch
+        never show the lock naming the pod (its plugin answered before the watch caught up).
+        """
+        earlier = self._unlabelled.pop(job.node, None)
+        if earlier is not None:
+            self._start_label(earlier)
+        pending = _Unlabelled(job, seen=self.lock_owner(job.node) == job.key)
+        pending.timer = asyncio.get_running_loop().call_later(
+            LABEL_AFTER_S, self._label_now, job.node, pending
+        )
+        self._unlabelled[job.node] = pending
+
+    def _label_now(self, node: str, pending: _Unlabelled) -> None:
+        if self._unlabelled.get(node) is pending:
+            del self._unlabelled[node]
+            self._start_label(pending)
+
+    def _start_label(self, pending: _Unlabelled) -> None:
+        if pending.timer is not None:
+            pending.timer.cancel()
+        task = asyncio.create_task(self._label(pending.job), name=f"label-{pending.job.key}")
+        self._labellers.add(task)
+        task.add_done_callback(self._labellers.discard)
+
+    async def _label(self, job: _Bind) -> None:
+        """Set the label (``binder.label``), best effort.
+
+        Nothing of the placement depends on it (the truth check lists bound pods by node), so a
+        failure is logged and counted only.
+        """
+        try:
+            await self.binder.label(job.ns, job.name, job.uid, job.node)
+        except binders.BindFailure as err:
+            self.metrics.api_errors.labels(err.operation).inc()
+            self.log.warning("bind: cannot label the bound pod", pod=job.key, node=job.node, err=str(err))
 
     def _failed(self, job: _Bind, err: binders.BindFailure) -> Outcome:
         self.events.record(
@@ -526,6 +612,20 @@ class BindFlow:
         self.log.v(2, "bound", pod=job.key, node=job.node, devices=describe(job.alloc))
         return BOUND
 
+    def _bound_by_another(self, job: _Bind) -> Outcome:
+        """The pod was bound to our node by another writer, with its own devices.
+
+        The pod is where kube-scheduler wants it, so the answer is a success; its devices are the
+        other writer's, which the pod watch charges, so our reservation goes. The node lock names
+        the pod, which the device plugin serves and then releases: it stays.
+        """
+        self.cache.forget(job.key)
+        if job.uid:
+            self._done.put(job.uid, job.node)
+            self._pods.pop(job.uid, None)
+        self.log.info("bind: pod already bound to the node by another writer", pod=job.key, node=job.node)
+        return REPEAT
+
     async def _bound_anyway(self, ns: str, name: str, uid: str, node: str) -> bool:
         """Whether the pod is bound to ``node`` by now (a repeat, or a Binding whose answer was lost)."""
         try:
@@ -537,26 +637,18 @@ class BindFlow:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         return bool(spec.get("nodeName") == node and (not uid or meta.get("uid") == uid))
 
-    async def _undo(self, job: _Bind, *, annotated: bool, locked: bool) -> None:
-        """Undo a bind whose failure is definite, best effort for the API parts.
+    async def _undo(self, job: _Bind) -> None:
+        """Undo a bind that wrote nothing but its node lock, best effort for the API part.
 
-        The reservation always goes. Annotations that cannot be removed leave the pod as an
-        orphan the recovery loop clears after its grace; a lock that cannot be released names a
-        pod nothing binds, which the recovery loop releases the same way.
+        The reservation goes; a lock that cannot be released names a pod nothing binds, which the
+        recovery loop releases after its grace.
         """
         self.cache.forget(job.key)
-        if annotated:
-            try:
-                await self.binder.annotate(job.ns, job.name, job.uid, dict.fromkeys(pod_devices.BIND_KEYS))
-            except binders.BindFailure as err:
-                self.metrics.api_errors.labels("annotate").inc()
-                self.log.warning("undo: cannot remove annotations", pod=job.key, err=str(err))
-        if locked:
-            try:
-                await self.binder.unlock_node(job.node, job.ns, job.name)
-            except binders.BindFailure as err:
-                self.metrics.api_errors.labels("unlock").inc()
-                self.log.warning("undo: cannot release node lock", node=job.node, pod=job.key, err=str(err))
+        try:
+            await self.binder.unlock_node(job.node, job.ns, job.name)
+        except binders.BindFailure as err:
+            self.metrics.api_errors.labels("unlock").inc()
+            self.log.warning("undo: cannot release node lock", node=job.node, pod=job.key, err=str(err))
 
     # ----- ambiguous outcomes
 
@@ -576,14 +668,15 @@ class BindFlow:
         return Outcome("pending", f"{err.operation} outcome unknown ({err}); gpuslice finishes it; retry")
 
     async def _resolve(self, job: _Bind, annotations: dict[str, str]) -> None:
-        """Finish an ambiguous bind: repeat the idempotent writes until bound or definitely not."""
+        """Finish an ambiguous bind: read the pod, send the Binding again, until bound or definitely not."""
         attempt = 0
         try:
             while True:
                 await asyncio.sleep(RESOLVE_BACKOFF_S[min(attempt, len(RESOLVE_BACKOFF_S) - 1)])
                 attempt += 1
                 if not self.leading():
-                    # A new leader owns recovery now; our lock and annotations become its orphan.
+                    # A new leader owns recovery now: our lock becomes its orphan (or our Binding
+                    # landed, and the pod's device plugin releases the lock).
                     self.log.warning(
                         "resolver: no longer leading; leaving the bind to the leader", pod=job.key
                     )
@@ -594,11 +687,12 @@ class BindFlow:
                 except binders.BindFailure as err:
                     if err.ambiguous:
                         continue  # still no answer; keep everything and try again
-                    await self._undo(job, annotated=True, locked=True)
+                    await self._undo(job)
                     self._failed(job, err)
                     return
                 if done:
                     self._succeeded(job)
+                    self._label_later(job)
                     self.metrics.binds.labels("resolved").inc()
                     self.log.info("resolver: bind finished", pod=job.key, node=job.node, attempts=attempt)
                 else:
@@ -609,29 +703,37 @@ class BindFlow:
             self._live.pop(job.key, None)
 
     async def _finish(self, job: _Bind, annotations: dict[str, str]) -> bool:
-        """One attempt: True when bound to our node, False when there is nothing left to finish.
+        """One attempt: True when bound to our node with our annotations, False when nothing is left.
 
-        False: the pod is gone, recreated or bound elsewhere; our lock and reservation are dropped.
+        False: the pod is gone, recreated or bound elsewhere (our lock and reservation are
+        dropped), or bound to our node by another writer (our reservation is dropped, the lock
+        stays for its device plugin).
 
         Raises:
-            binders.BindFailure: a write failed (ambiguous: try again; definite: undo).
+            binders.BindFailure: the read or the Binding failed (ambiguous: try again; definite:
+                undo).
         """
         obj = await self.binder.read_pod(job.ns, job.name)
         if obj is None:
-            await self._undo(job, annotated=False, locked=True)
+            await self._undo(job)
             return False
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         if job.uid and meta.get("uid") != job.uid:
-            await self._undo(job, annotated=False, locked=True)
+            await self._undo(job)
             return False
         bound_to = spec.get("nodeName") or ""
         if bound_to == job.node:
-            return True
-        if bound_to:
-            # Bound elsewhere by another binder: the annotations are its own now; only our lock
-            # and our reservation go.
-            await self._undo(job, annotated=False, locked=True)
+            if binders.carries(meta.get("annotations") or {}, annotations):
+                return True  # our Binding landed
+            self._bound_by_another(job)
             return False
-        await self.binder.annotate(job.ns, job.name, job.uid, annotations, timeout=self.commit_deadline_s)
-        await self.binder.bind(job.ns, job.name, job.uid, job.node, timeout=self.commit_deadline_s)
-        return True
+        if bound_to:
+            # Bound elsewhere by another binder: only our lock and our reservation go.
+            await self._undo(job)
+            return False
+        if await self.binder.bind(
+            job.ns, job.name, job.uid, job.node, annotations, timeout=self.commit_deadline_s
+        ):
+            return True
+        self._bound_by_another(job)  # bound to our node meanwhile, by another writer
+        return False

@@ -2,14 +2,15 @@
 
 Like etcd's gofail, a failpoint costs one dictionary lookup when it is not armed. They are armed
 only through the environment variable ``GPUSLICE_FAILPOINTS``, read once at startup, e.g.
-``GPUSLICE_FAILPOINTS="bind-after-lock=exit"`` or ``"bind-after-annotate=sleep(5)"`` (several
+``GPUSLICE_FAILPOINTS="bind-after-lock=exit"`` or ``"bind-before-binding=sleep(5)"`` (several
 separated by ``;``). ``exit`` ends the process at once with status 137, without cleanup, as a
 SIGKILL would; ``sleep(s)`` stalls the bind for ``s`` seconds. The chaos tier uses them to crash
 the extender between taking HAMi's node lock and creating the Binding, a moment no outside signal
 can hit reliably.
 
-Names: ``bind-after-lock`` (node lock taken, nothing written yet), ``bind-after-annotate``
-(annotations written, no Binding yet), ``bind-after-binding`` (Binding created, not yet answered).
+Names: ``bind-after-lock`` (node lock taken, nothing written yet), ``bind-before-binding`` (the
+truth checked, the Binding with the annotations about to be posted), ``bind-after-binding``
+(Binding created, not yet answered).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 
 ENV = "GPUSLICE_FAILPOINTS"
-NAMES = frozenset({"bind-after-lock", "bind-after-annotate", "bind-after-binding"})
+NAMES = frozenset({"bind-after-lock", "bind-before-binding", "bind-after-binding"})
 EXIT_STATUS = 137
 _SLEEP = re.compile(r"sleep\(([0-9]*\.?[0-9]+)\)")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -102,14 +103,37 @@ async def patch_allocation(
 
 
 async def list_claimed(kube: kclient.KubeClient, node: str) -> list[objects.Pod]:
-    """Every pod that claims devices on ``node``: HAMi's ``hami.io/vgpu-node=<node>`` label.
+    """Every pod that may claim devices on ``node``: bound to it, or labelled as claiming it.
 
-    The label is written together with the device annotations (by gpuslice and by HAMi's
-    scheduler), before the Binding, so pods between annotation and Binding are included. The
-    list is a consistent read (no ``resourceVersion``): it reflects every write before it.
+    Two lists, sent together, merged by pod key (a pod in both once, its newer version):
+
+    - ``spec.nodeName=<node>``: bound pods. gpuslice writes its device annotations in the Binding
+      itself (``kube.binding``), and the apiserver does not copy the Binding's labels by default,
+      so a pod gpuslice bound carries the annotations but not the ``hami.io/vgpu-node`` label;
+    - ``hami.io/vgpu-node=<node>`` (label): pods claiming the node before their Binding, as HAMi's
+      own scheduler writes them at filter time (annotations and label in one patch).
+
+    Callers apply each pod as the watch would, and pods without device annotations charge
+    nothing. Both are consistent reads (no ``resourceVersion``): they reflect every write before
+    them.
     """
-    resp = await kube.request("GET", "/api/v1/pods", params={"labelSelector": f"{keys.VGPU_NODE}={node}"})
-    return _POD_LIST.decode(resp.content).items
+    bound, labelled = await asyncio.gather(
+        kube.request("GET", "/api/v1/pods", params={"fieldSelector": f"spec.nodeName={node}"}),
+        kube.request("GET", "/api/v1/pods", params={"labelSelector": f"{keys.VGPU_NODE}={node}"}),
+    )
+    merged: dict[str, objects.Pod] = {}
+    for resp in (bound, labelled):
+        for pod in _POD_LIST.decode(resp.content).items:
+            seen = merged.get(pod.key)
+            if seen is None or _newer(pod, seen):
+                merged[pod.key] = pod
+    return list(merged.values())
+
+
+def _newer(a: objects.Pod, b: objects.Pod) -> bool:
+    """True when ``a`` is a later version of the pod than ``b`` (resourceVersions as numbers)."""
+    ra, rb = a.metadata.resource_version, b.metadata.resource_version
+    return ra.isdigit() and rb.isdigit() and int(ra) > int(rb)
 
 
 _POD_LIST = msgspec.json.Decoder(objects.ObjectList[objects.Pod])

@@ -141,11 +141,12 @@ class FakeBinder:
     """The ``Binder`` protocol in memory.
 
     Records calls in ``calls``; ``fail`` maps an operation (``read``, ``lock``, ``unlock``,
-    ``annotate``, ``bind``, ``claimed``, ``touch``) to a failure for every pod (a plain string is
-    a definite failure on every call), ``fail_pod`` maps ``(operation, "ns/name")`` to a failure
-    for one pod. ``delay`` (or, when set, ``delays`` taken in turn) yields to other tasks in every
-    call. ``pods`` are the pod objects ``read_pod`` returns (a Binding sets their ``nodeName``);
-    ``claimed`` are other writers' pods ``claimed_pods`` lists with the pods annotated here.
+    ``bind``, ``label``, ``claimed``, ``touch``) to a failure for every pod (a plain string is a definite
+    failure on every call), ``fail_pod`` maps ``(operation, "ns/name")`` to a failure for one pod.
+    ``delay`` (or, when set, ``delays`` taken in turn) yields to other tasks in every call.
+    ``pods`` are the pod objects ``read_pod`` returns (a Binding sets their ``nodeName`` and
+    merges its annotations, in one step, as the apiserver does); ``claimed`` are other writers'
+    pods ``claimed_pods`` lists with the pods bound here.
     """
 
     def __init__(self, pods: Mapping[str, dict[str, Any]] | None = None) -> None:
@@ -160,6 +161,8 @@ class FakeBinder:
         self.uids: dict[str, str] = {}
         self.locks: dict[str, str] = {}
         self.bound: dict[str, str] = {}
+        self.labels: dict[str, str] = {}
+        """Pod key -> the ``hami.io/vgpu-node`` label ``label`` set."""
         self.claimed: list[objects.Pod] = []
         self.timeouts: list[tuple[str, float | None]] = []
         self.plugin_releases_lock = False
@@ -228,62 +231,61 @@ class FakeBinder:
             self.release(node)
         self._landed("unlock", fault)
 
-    async def annotate(
+    def annotate(self, key: str, annotations: Mapping[str, str]) -> None:
+        """Merge annotations into pod ``key`` as the apiserver's Binding (or another writer) does."""
+        self.annotations.setdefault(key, {}).update(annotations)
+        if key in self.pods:
+            self.pods[key].setdefault("metadata", {})["annotations"] = dict(self.annotations[key])
+
+    async def bind(
         self,
         namespace: str,
         name: str,
         uid: str,
-        annotations: Mapping[str, str | None],
+        node: str,
+        annotations: Mapping[str, str] | None = None,
         timeout: float | None = None,
-    ) -> None:
-        key = f"{namespace}/{name}"
-        self.timeouts.append(("annotate", timeout))
-        fault = await self._step("annotate", key, namespace, name)
-        current = self.annotations.setdefault(key, {})
-        for k, v in annotations.items():
-            if v is None:
-                current.pop(k, None)
-            else:
-                current[k] = v
-        if not current:
-            del self.annotations[key]
-        self.uids[key] = uid
-        self.version += 1
-        if key in self.pods:
-            self.pods[key].setdefault("metadata", {})["annotations"] = dict(current)
-        self._landed("annotate", fault)
-
-    async def bind(
-        self, namespace: str, name: str, uid: str, node: str, timeout: float | None = None
-    ) -> None:
+    ) -> bool:
         key = f"{namespace}/{name}"
         self.timeouts.append(("bind", timeout))
         fault = await self._step("bind", key, namespace, name, node)
-        if self.bound.get(key, node) != node:
-            raise binders.BindFailure("bind", f"pod {key} is already bound to {self.bound[key]}", "Conflict")
+        bound = self.bound.get(key)
+        if bound is not None:  # the apiserver refuses (409); KubeBinder then reads the pod
+            if bound != node:
+                raise binders.BindFailure("bind", f"pod {key} is already bound to {bound}", "Conflict")
+            self._landed("bind", fault)
+            return binders.carries(self.annotations.get(key, {}), annotations)
         self.bound[key] = node
+        if annotations:
+            self.annotate(key, annotations)
+            self.uids[key] = uid
         self.version += 1
         if key in self.pods:
             self.pods[key].setdefault("spec", {})["nodeName"] = node
         if self.plugin_releases_lock and self.locks.get(node) == key:  # the device plugin's Allocate
             self.release(node)
         self._landed("bind", fault)
+        return True
+
+    async def label(self, namespace: str, name: str, uid: str, node: str) -> None:
+        key = f"{namespace}/{name}"
+        fault = await self._step("label", key, namespace, name, node)
+        self.labels[key] = node
+        self._landed("label", fault)
 
     async def claimed_pods(self, node: str) -> list[objects.Pod]:
+        """What ``kube.pods.list_claimed`` finds: other writers' claims labelled with the node, and
+        the pods bound to it here (a Binding carries the annotations, not the label)."""
         await self._step("claimed", "", node)
         out = [p for p in self.claimed if p.metadata.labels.get(keys.VGPU_NODE) == node]
         for key, ann in self.annotations.items():
-            if ann.get(keys.VGPU_NODE) != node:
+            if self.bound.get(key) != node:
                 continue
             ns, name = key.split("/", 1)
             out.append(
                 objects.Pod(
                     metadata=objects.ObjectMeta(
-                        name=name,
-                        namespace=ns,
-                        uid=self.uids.get(key, ""),
-                        labels={keys.VGPU_NODE: node},
-                        annotations=dict(ann),
+                        name=name, namespace=ns, uid=self.uids.get(key, ""), annotations=dict(ann)
                     ),
                     spec=objects.PodSpec(
                         node_name=self.bound.get(key, ""), containers=[objects.Container(name="main")]
@@ -396,6 +398,7 @@ def make_deps(
         synced=synced,
         excluded=excluded_nodes,
         invalid_nodes=invalid_nodes,
+        lock_owner=binder.locks.get,  # what the node watch shows, always current here
         lock_wait_s=settings.lock_wait_s,
         bind_timeout_s=settings.bind_timeout_s,
         commit_deadline_s=settings.commit_deadline_s,

@@ -206,7 +206,7 @@ def test_bind_writes_hami_annotations_and_binds(
     r = client.post("/bind", json=BIND_P)
     assert r.status_code == 200
     assert r.json() == {"Error": ""}
-    assert [c[0] for c in binder.calls] == ["lock", "annotate", "bind"]
+    assert [c[0] for c in binder.calls] == ["lock", "bind"]  # the annotations travel in the Binding
     ann = binder.annotations["default/p"]
     assert ann[keys.VGPU_NODE] == "n-free"
     assert ann[keys.BIND_PHASE] == "allocating"
@@ -219,7 +219,13 @@ def test_bind_writes_hami_annotations_and_binds(
     again = client.post("/bind", json=BIND_P)
     assert again.json() == {"Error": ""}
     assert fakes.usage(cache, "n-free") == [(1, 4000, 30)]
-    assert [c[0] for c in binder.calls] == ["lock", "annotate", "bind"]
+    assert [c[0] for c in binder.calls] == ["lock", "bind"]
+    # HAMi's label once the device plugin released the node lock after Allocate.
+    assert binder.labels == {} and client.portal is not None
+    client.portal.call(binder.release, "n-free")
+    client.portal.call(asyncio.sleep, 0.05)
+    assert binder.labels == {"default/p": "n-free"}
+    assert [c[0] for c in binder.calls] == ["lock", "bind", "label"]
     # The binding finished: the assumed pod's TTL runs from the bind's clock.
     ttl = config.Settings().assumed_ttl_s
     assert cache.expire(fakes.CLOCK + ttl - 1, ttl) == ()
@@ -240,7 +246,7 @@ def test_bind_reads_the_pod_when_it_was_not_filtered_here(cache: caches.ClusterC
     )
 
 
-@pytest.mark.parametrize("op", ["lock", "annotate", "bind"], ids=["lock", "annotate", "bind"])
+@pytest.mark.parametrize("op", ["lock", "bind"], ids=["lock", "bind"])
 def test_bind_failure_rolls_everything_back(
     op: str, client: TestClient, cache: caches.ClusterCache, binder: fakes.FakeBinder
 ) -> None:
@@ -252,7 +258,7 @@ def test_bind_failure_rolls_everything_back(
     assert cache.pod_state("default/p") is None  # assumption forgotten
     assert fakes.usage(cache, "n-free") == [(0, 0, 0)]
     assert binder.locks == {}  # node lock released (or never taken)
-    assert binder.annotations.get("default/p", {}) == {}  # annotations removed
+    assert binder.annotations.get("default/p", {}) == {}  # nothing written with a failed Binding
     assert binder.bound == {}
 
 

@@ -205,7 +205,7 @@ def test_ambiguous_binding_failure_is_kept_and_finished_by_the_resolver(cache: c
         # Nothing is rolled back: the write may have landed.
         assert cache.pod_state(P) is caches.PodState.ASSUMED
         assert fakes.usage(cache, "n1") in ([(1, 8000, 0), (0, 0, 0)], [(0, 0, 0), (1, 8000, 0)])
-        assert binder.annotations[P][keys.VGPU_NODE] == "n1"
+        assert binder.annotations == {}  # this one did not land: nothing is half written
         assert binder.locks == {"n1": P}
         assert "unlock" not in _ops(binder) and binder.bound == {}
         assert flow.is_live(P) and flow.live() == {P: "n1"}
@@ -213,7 +213,8 @@ def test_ambiguous_binding_failure_is_kept_and_finished_by_the_resolver(cache: c
 
     asyncio.run(run())
     assert binder.bound == {P: "n1"}
-    assert _ops(binder) == ["lock", "annotate", "bind", "read", "annotate", "bind"]
+    assert _ops(binder) == ["lock", "bind", "read", "bind", "label"]
+    assert binder.annotations[P][keys.VGPU_NODE] == "n1" and binder.labels == {P: "n1"}
     assert cache.pod_state(P) is caches.PodState.ASSUMED
     alloc = cache.pod_allocation(P)
     assert alloc is not None and binder.charged() == {P: alloc}
@@ -240,14 +241,14 @@ def test_a_binding_that_landed_is_not_posted_again(cache: caches.ClusterCache) -
 
     assert asyncio.run(run()).result == "pending"
     assert binder.bound == {P: "n1"}
-    assert _ops(binder) == ["lock", "annotate", "bind", "read"]  # seen bound: nothing to repeat
+    assert _ops(binder) == ["lock", "bind", "read", "label"]  # seen bound with our devices: no repeat
     assert cache.pod_state(P) is caches.PodState.ASSUMED
     assert fakes.binds_counted(deps, "resolved") == 1
 
 
-def test_ambiguous_annotation_write_is_finished_too(cache: caches.ClusterCache) -> None:
+def test_repeated_ambiguous_bindings_are_sent_again_until_one_answers(cache: caches.ClusterCache) -> None:
     binder = fakes.FakeBinder({P: fakes.gpu_pod("p", mem=8000)})
-    binder.fail["annotate"] = fakes.Fault("503", ambiguous=True, times=2)  # and the first retry
+    binder.fail["bind"] = fakes.Fault("503", ambiguous=True, times=2)  # and the first retry
     deps = fakes.make_deps(cache, binder)
     _remember(deps)
 
@@ -259,8 +260,61 @@ def test_ambiguous_annotation_write_is_finished_too(cache: caches.ClusterCache) 
 
     assert asyncio.run(run()).result == "pending"
     assert binder.bound == {P: "n1"}
-    assert _ops(binder) == ["lock", "annotate", "read", "annotate", "read", "annotate", "bind"]
+    assert _ops(binder) == ["lock", "bind", "read", "bind", "read", "bind", "label"]
+    # The retries carry the very annotations of the first attempt.
+    alloc = cache.pod_allocation(P)
+    assert alloc is not None and binder.charged() == {P: alloc}
     assert fakes.binds_counted(deps, "resolved") == 1
+
+
+def _theirs(node_name: str) -> dict[str, str]:
+    """Another binder's annotations for P: its own card and time."""
+    alloc = builders.alloc(node_name, ((builders.uuid(node_name, 1), 20000, 0),))
+    return pod_devices.bind_annotations(alloc, fakes.CLOCK - 7)
+
+
+def test_pod_bound_to_our_node_by_another_writer_keeps_its_devices(cache: caches.ClusterCache) -> None:
+    """Another binder (a previous incarnation, say) bound P to n1 with its own devices while our
+    bind waited: our Binding gets the apiserver's 409, the pod is where kube-scheduler wants it."""
+    binder = fakes.FakeBinder({P: fakes.gpu_pod("p", mem=8000)})
+    theirs = _theirs("n1")
+
+    class Meanwhile:
+        async def settle(self, node_name: str, resource_version: str) -> None:
+            binder.annotate(P, theirs)
+            binder.bound[P] = node_name
+
+    deps = fakes.make_deps(cache, binder, truth=Meanwhile())
+    _remember(deps)
+    outcome = asyncio.run(deps.flow.bind(_args()))
+    assert outcome.result == "repeat" and outcome.ok
+    assert binder.annotations[P] == theirs  # not overwritten: the device plugin serves these
+    assert cache.pod_state(P) is None  # our reservation goes; the watch charges theirs
+    assert fakes.usage(cache, "n1") == [(0, 0, 0), (0, 0, 0)]
+    assert binder.locks == {"n1": P}  # the pod's Allocate releases it
+    assert _ops(binder) == ["lock", "bind"]  # no label either: the other writer's pod
+
+
+def test_resolver_finds_the_pod_bound_here_by_another_writer(cache: caches.ClusterCache) -> None:
+    binder = fakes.FakeBinder({P: fakes.gpu_pod("p", mem=8000)})
+    binder.fail["bind"] = fakes.Fault("timeout", ambiguous=True, times=1)
+    deps = fakes.make_deps(cache, binder)
+    _remember(deps)
+    theirs = _theirs("n1")
+
+    async def run() -> None:
+        assert (await deps.flow.bind(_args())).result == "pending"
+        binder.annotate(P, theirs)
+        binder.bound[P] = "n1"
+        binder.pods[P]["spec"]["nodeName"] = "n1"
+        await deps.flow.drain()
+
+    asyncio.run(run())
+    assert _ops(binder) == ["lock", "bind", "read"]
+    assert binder.annotations[P] == theirs
+    assert cache.pod_state(P) is None and binder.locks == {"n1": P}
+    assert fakes.binds_counted(deps, "resolved") == 0
+    assert not deps.flow.live()
 
 
 def test_ambiguous_failure_then_pod_deleted_drops_everything(cache: caches.ClusterCache) -> None:
@@ -315,9 +369,9 @@ def test_resolver_of_a_deposed_leader_leaves_the_bind_to_the_new_one(cache: cach
         await deps.flow.drain()
 
     asyncio.run(run())
-    assert cache.pod_state(P) is None  # its reservation goes; the new leader's cache has the claim
-    assert binder.locks == {"n1": P} and P in binder.annotations  # the new leader's recovery clears them
-    assert binder.bound == {}
+    assert cache.pod_state(P) is None  # its reservation goes
+    assert binder.locks == {"n1": P}  # the new leader's recovery releases it after the grace
+    assert binder.annotations == {} and binder.bound == {}
 
 
 def test_resolver_keeps_another_binders_annotations(cache: caches.ClusterCache) -> None:
@@ -357,6 +411,67 @@ def test_pending_is_an_error_on_the_wire(cache: caches.ClusterCache) -> None:
     assert binder.bound == {P: "n1"}
 
 
+def test_the_label_waits_for_the_device_plugin_to_release_the_node_lock(cache: caches.ClusterCache) -> None:
+    """HAMi's label (for HAMi's vGPU monitor) comes once the plugin answered Allocate and released
+    the lock: never in a race with the plugin's own writes to the pod."""
+    binder = fakes.FakeBinder({P: fakes.gpu_pod("p", mem=8000)})
+    deps = fakes.make_deps(cache, binder)
+    _remember(deps)
+
+    async def run() -> None:
+        assert (await deps.flow.bind(_args())).result == "bound"
+        await asyncio.sleep(0.01)
+        assert _ops(binder) == ["lock", "bind"] and binder.labels == {}
+        binder.release("n1")  # the device plugin, after Allocate
+        await _until(lambda: binder.labels == {P: "n1"})
+
+    asyncio.run(run())
+    assert _ops(binder) == ["lock", "bind", "label"]
+
+
+def test_a_later_bind_on_the_node_or_the_timeout_labels_a_waiting_pod(
+    cache: caches.ClusterCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    binder = fakes.FakeBinder({P: fakes.gpu_pod("p", mem=8000), "default/q": fakes.gpu_pod("q", mem=8000)})
+    deps = fakes.make_deps(cache, binder)
+    deps.flow.lock_owner = lambda node: None  # the watch never showed the lock naming the pods
+    _remember(deps, "p")
+    _remember(deps, "q")
+    monkeypatch.setattr(binds, "LABEL_AFTER_S", 0.05)
+
+    async def run() -> None:
+        assert (await deps.flow.bind(_args("p"))).ok
+        binder.release("n1")  # not seen as the release of p's lock: the watch never showed it
+        assert (await deps.flow.bind(_args("q"))).ok  # the lock moved on: p's Allocate is over
+        await _until(lambda: P in binder.labels)
+        assert "default/q" not in binder.labels
+        await asyncio.sleep(0.1)  # LABEL_AFTER_S
+        assert binder.labels == {P: "n1", "default/q": "n1"}
+
+    asyncio.run(run())
+
+
+def test_a_failed_label_does_not_fail_the_bind(cache: caches.ClusterCache) -> None:
+    """Nothing placed depends on the label: a failure is logged and counted only."""
+    binder = fakes.FakeBinder({P: fakes.gpu_pod("p", mem=8000)})
+    binder.fail["label"] = fakes.Fault("etcdserver: request timed out", ambiguous=True)
+    deps = fakes.make_deps(cache, binder)
+    _remember(deps)
+
+    async def run() -> binds.Outcome:
+        outcome = await deps.flow.bind(_args())
+        binder.release("n1")
+        await deps.flow.drain()
+        return outcome
+
+    outcome = asyncio.run(run())
+    assert outcome.result == "bound" and outcome.ok
+    assert _ops(binder) == ["lock", "bind", "label"]
+    assert binder.bound == {P: "n1"} and binder.labels == {}
+    assert cache.pod_state(P) is caches.PodState.ASSUMED
+    assert _api_errors(deps, "label") == 1
+
+
 # ----------------------------------------------------------------------------- definite failures
 
 
@@ -371,9 +486,9 @@ def test_definite_binding_failure_undoes_everything_at_once(cache: caches.Cluste
     assert not deps.flow.live()
     assert cache.pod_state(P) is None
     assert fakes.usage(cache, "n1") == [(0, 0, 0), (0, 0, 0)]
-    assert binder.annotations == {}
+    assert binder.annotations == {}  # a refused Binding wrote nothing: nothing to remove
     assert binder.locks == {}
-    assert _ops(binder) == ["lock", "annotate", "bind", "annotate", "unlock"]
+    assert _ops(binder) == ["lock", "bind", "unlock"]
     assert _api_errors(deps, "bind") == 1
     assert fakes.binds_counted(deps, "failed") == 1
     events = deps.events
@@ -381,23 +496,14 @@ def test_definite_binding_failure_undoes_everything_at_once(cache: caches.Cluste
     assert [e[:3] for e in events.events] == [(P, "Warning", "BindingFailed")]
 
 
-@pytest.mark.parametrize(
-    ("op", "ops"),
-    [
-        ("lock", ["lock"]),
-        ("annotate", ["lock", "annotate", "unlock"]),
-    ],
-)
-def test_definite_failure_before_the_binding_undoes_what_was_done(
-    cache: caches.ClusterCache, op: str, ops: list[str]
-) -> None:
+def test_definite_lock_failure_writes_nothing(cache: caches.ClusterCache) -> None:
     binder = fakes.FakeBinder()
-    binder.fail[op] = fakes.Fault("forbidden", reason="Forbidden")
+    binder.fail["lock"] = fakes.Fault("forbidden", reason="Forbidden")
     deps = fakes.make_deps(cache, binder)
     _remember(deps)
     outcome = asyncio.run(deps.flow.bind(_args()))
-    assert outcome.result == "failed" and outcome.error.startswith(f"{op} failed")
-    assert _ops(binder) == ops
+    assert outcome.result == "failed" and outcome.error.startswith("lock failed")
+    assert _ops(binder) == ["lock"]
     assert cache.pod_state(P) is None and binder.locks == {} and binder.annotations == {}
 
 
@@ -423,8 +529,8 @@ def test_binds_to_one_node_queue_and_give_up_at_their_deadline(
     cache: caches.ClusterCache, delay: float, budget: float, queued: str
 ) -> None:
     binder = fakes.FakeBinder()
-    # Every API call takes ``delay``: the first bind holds n1's queue for 3 x delay (lock,
-    # annotate, Binding); the second one may wait there for ``budget``.
+    # Every API call takes ``delay``: the first bind holds n1's queue for 2 x delay (lock,
+    # Binding); the second one may wait there for ``budget``.
     binder.delay = delay
     binder.plugin_releases_lock = True  # n1's lock is free again once p is bound
     deps = fakes.make_deps(cache, binder, _queue_settings(budget))
@@ -460,7 +566,7 @@ def test_writes_after_the_lock_carry_timeouts_within_the_commit_deadline(cache: 
     deps = fakes.make_deps(cache, binder, config.Settings(commit_deadline_s=2.0))
     _remember(deps)
     assert asyncio.run(deps.flow.bind(_args())).ok
-    assert [op for op, _ in binder.timeouts] == ["annotate", "bind"]
+    assert [op for op, _ in binder.timeouts] == ["bind"]
     assert all(t is not None and 0 < t <= 2.0 for _, t in binder.timeouts)
 
 
@@ -484,23 +590,29 @@ def test_exit_failpoint_fires_right_after_the_lock(cache: caches.ClusterCache) -
 
 @pytest.mark.parametrize(
     ("name", "ops_before"),
-    [("bind-after-annotate", ["lock", "annotate"]), ("bind-after-binding", ["lock", "annotate", "bind"])],
+    # bind-before-binding keeps its place just before the Binding, which now carries the annotations.
+    [("bind-before-binding", ["lock"]), ("bind-after-binding", ["lock", "bind"])],
 )
 def test_exit_failpoints_fire_at_their_step(
     cache: caches.ClusterCache, name: str, ops_before: list[str]
 ) -> None:
     binder = fakes.FakeBinder()
-    seen: list[tuple[int, list[str]]] = []
-    faults = failpoints.Failpoints({name: "exit"}, exit_=lambda s: seen.append((s, _ops(binder))))
+    seen: list[tuple[int, list[str], bool]] = []
+
+    def exit_(status: int) -> None:
+        seen.append((status, _ops(binder), P in binder.annotations))
+
+    faults = failpoints.Failpoints({name: "exit"}, exit_=exit_)
     deps = fakes.make_deps(cache, binder, faults=faults)
     _remember(deps)
     asyncio.run(deps.flow.bind(_args()))
-    assert seen == [(failpoints.EXIT_STATUS, ops_before)]
+    # A crash before the Binding leaves no annotations behind; after it, a bound pod with them.
+    assert seen == [(failpoints.EXIT_STATUS, ops_before, "bind" in ops_before)]
 
 
 def test_sleep_failpoint_stalls_the_bind(cache: caches.ClusterCache) -> None:
     binder = fakes.FakeBinder()
-    faults = failpoints.Failpoints({"bind-after-annotate": "sleep(0.1)"}, exit_=lambda s: pytest.fail("exit"))
+    faults = failpoints.Failpoints({"bind-before-binding": "sleep(0.1)"}, exit_=lambda s: pytest.fail("exit"))
     deps = fakes.make_deps(cache, binder, faults=faults)
     _remember(deps)
     t0 = time.monotonic()
@@ -518,10 +630,10 @@ def test_unarmed_failpoints_do_nothing() -> None:
 
 
 def test_failpoints_parse_names_and_actions() -> None:
-    text = " bind-after-lock=exit ; bind-after-annotate=sleep(0.5);bind-after-binding=sleep(2) ;"
+    text = " bind-after-lock=exit ; bind-before-binding=sleep(0.5);bind-after-binding=sleep(2) ;"
     assert failpoints.parse(text) == {
         "bind-after-lock": "exit",
-        "bind-after-annotate": "sleep(0.5)",
+        "bind-before-binding": "sleep(0.5)",
         "bind-after-binding": "sleep(2)",
     }
     assert failpoints.parse("") == {}
@@ -539,7 +651,7 @@ def test_failpoints_parse_names_and_actions() -> None:
         ("bind-after-lock=crash", "action must be exit or sleep(<seconds>), got 'crash'"),
         ("bind-after-lock=sleep(x)", "got 'sleep(x)'"),
         ("bind-after-lock=sleep(-1)", "got 'sleep(-1)'"),
-        ("bind-after-lock=exit;bind-after-annotate=panic", "bind-after-annotate: action must be"),
+        ("bind-after-lock=exit;bind-before-binding=panic", "bind-before-binding: action must be"),
     ],
 )
 def test_failpoints_parse_rejects_unknown_names_and_actions(text: str, fragment: str) -> None:

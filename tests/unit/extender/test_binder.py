@@ -64,11 +64,30 @@ def test_watched_free_lock_is_taken_with_one_patch() -> None:
     assert kube.calls == [("PATCH", "/api/v1/nodes/n1")]
 
 
-def test_lock_returns_the_nodes_resource_version_after_the_write() -> None:
+def test_fast_lock_returns_the_version_its_compare_and_swap_was_based_on() -> None:
+    """Every pod write of the previous holder came before the version the CAS succeeded on (7),
+    so the truth check need not wait for the pod watch to pass the lock write itself (8)."""
     after = _node(lockcodec.encode(NOW, "default", "p"))
     after["metadata"]["resourceVersion"] = "8"
     kube = _Kube(after)  # the PATCH answers the node as written
-    assert asyncio.run(_binder(_node(None), kube).lock_node("n1", "default", "p")) == "8"
+    assert asyncio.run(_binder(_node(None), kube).lock_node("n1", "default", "p")) == "7"
+
+
+class _ReadThenWrite(_Kube):
+    """GET answers the node free (version 7); PATCH answers it locked (version 8)."""
+
+    async def request(self, method: str, path: str, **_: Any) -> kclient.Response:
+        self.calls.append((method, path))
+        node = _node(None) if method == "GET" else _node(lockcodec.encode(NOW, "default", "p"))
+        node["metadata"]["resourceVersion"] = "7" if method == "GET" else "8"
+        return kclient.Response(200, json.dumps(node).encode())
+
+
+def test_lock_without_a_watched_node_returns_the_version_after_its_write() -> None:
+    kube = _ReadThenWrite(_node(None))
+    b = binders.KubeBinder(cast(kclient.KubeClient, kube), clock=lambda: NOW)
+    assert asyncio.run(b.lock_node("n1", "default", "p")) == "8"
+    assert kube.calls == [("GET", "/api/v1/nodes/n1"), ("PATCH", "/api/v1/nodes/n1")]
 
 
 class _Api:
@@ -90,22 +109,97 @@ def _kube_binder(api: _Api) -> binders.KubeBinder:
     return binders.KubeBinder(cast(kclient.KubeClient, api), clock=lambda: NOW)
 
 
-def test_annotate_and_bind_pass_their_timeouts_and_the_label_follows() -> None:
-    api = _Api(json.dumps({"metadata": {"name": "p", "namespace": "default"}}).encode())
+def test_bind_carries_the_annotations_and_the_label_in_the_binding() -> None:
+    api = _Api()
     b = _kube_binder(api)
-    asyncio.run(
-        b.annotate("default", "p", "uid-p", {keys.VGPU_NODE: "n1", keys.BIND_PHASE: "x"}, timeout=1.5)
-    )
-    asyncio.run(b.bind("default", "p", "uid-p", "n1", timeout=2.5))
-    (m1, p1, a1), (m2, p2, a2) = api.calls
-    assert (m1, p1, a1["timeout"]) == ("PATCH", "/api/v1/namespaces/default/pods/p", 1.5)
-    meta = a1["body"]["metadata"]
-    assert meta["labels"] == {keys.VGPU_NODE: "n1"} and meta["uid"] == "uid-p"
-    assert (m2, p2, a2["timeout"]) == ("POST", "/api/v1/namespaces/default/pods/p/binding", 2.5)
-    assert a2["body"]["target"]["name"] == "n1" and a2["body"]["metadata"]["uid"] == "uid-p"
-    # Removing the annotations removes the label too.
-    asyncio.run(b.annotate("default", "p", "uid-p", {keys.VGPU_NODE: None}))
-    assert api.calls[-1][2]["body"]["metadata"]["labels"] == {keys.VGPU_NODE: None}
+    ann = {keys.VGPU_NODE: "n1", keys.BIND_PHASE: "allocating", keys.DEVICES_ALLOCATED: "GPU-a,NVIDIA,1,0:;"}
+    assert asyncio.run(b.bind("default", "p", "uid-p", "n1", ann, timeout=2.5)) is True
+    ((method, path, kwargs),) = api.calls  # one request: no annotation patch before it
+    assert (method, path, kwargs["timeout"]) == ("POST", "/api/v1/namespaces/default/pods/p/binding", 2.5)
+    body = kwargs["body"]
+    assert body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
+    assert body["metadata"] == {
+        "name": "p",
+        "namespace": "default",
+        "uid": "uid-p",
+        "annotations": ann,
+        "labels": {keys.VGPU_NODE: "n1"},
+    }
+    # A pod without GPUs: a plain Binding.
+    asyncio.run(b.bind("default", "cpu", "uid-cpu", "n1"))
+    assert set(api.calls[-1][2]["body"]["metadata"]) == {"name", "namespace", "uid"}
+
+
+def test_label_is_a_uid_checked_merge_patch_of_the_label_alone() -> None:
+    api = _Api(json.dumps({"metadata": {"name": "p", "namespace": "default"}}).encode())
+    asyncio.run(_kube_binder(api).label("default", "p", "uid-p", "n1"))
+    ((method, path, kwargs),) = api.calls
+    assert (method, path) == ("PATCH", "/api/v1/namespaces/default/pods/p")
+    assert kwargs["content_type"] == kclient.MERGE_PATCH
+    assert kwargs["body"] == {"metadata": {"labels": {keys.VGPU_NODE: "n1"}, "uid": "uid-p"}}
+
+
+def test_label_can_be_left_out() -> None:
+    api = _Api()
+    b = binders.KubeBinder(cast(kclient.KubeClient, api), clock=lambda: NOW, label_pods=False)
+    asyncio.run(b.label("default", "p", "uid-p", "n1"))
+    assert api.calls == []
+
+
+class _Bound:
+    """The apiserver for a pod already bound to ``node``: 409 on the Binding, then the pod on GET."""
+
+    def __init__(self, node: str, annotations: dict[str, str]) -> None:
+        self.pod = {
+            "metadata": {"name": "p", "namespace": "default", "uid": "uid-p", "annotations": annotations},
+            "spec": {"nodeName": node},
+        }
+        self.calls: list[tuple[str, str]] = []
+
+    async def request(self, method: str, path: str, **_: Any) -> kclient.Response:
+        self.calls.append((method, path))
+        if method == "POST":
+            raise kerrors.Conflict('pod p is already assigned to node "n1"')
+        return kclient.Response(200, json.dumps(self.pod).encode())
+
+
+OURS = {
+    keys.VGPU_NODE: "n1",
+    keys.VGPU_TIME: "1700000000",
+    keys.DEVICES_TO_ALLOCATE: "GPU-a,NVIDIA,1000,0:;",
+    keys.DEVICES_ALLOCATED: "GPU-a,NVIDIA,1000,0:;",
+    keys.BIND_PHASE: "allocating",
+    keys.BIND_TIME: "1700000000",
+}
+
+
+@pytest.mark.parametrize(
+    ("on_pod", "ours"),
+    [
+        (OURS, True),
+        # The device plugin answered meanwhile: entries blanked, phase set; still our decision.
+        (OURS | {keys.DEVICES_TO_ALLOCATE: ";", keys.BIND_PHASE: "success"}, True),
+        (OURS | {keys.DEVICES_ALLOCATED: "GPU-b,NVIDIA,1000,0:;"}, False),
+        (OURS | {keys.BIND_TIME: "1699999990"}, False),
+        ({}, False),
+    ],
+    ids=["ours", "ours-after-allocate", "other-card", "other-bind", "no-devices"],
+)
+def test_already_bound_to_the_node_tells_whose_devices_it_carries(on_pod: dict[str, str], ours: bool) -> None:
+    api = _Bound("n1", on_pod)
+    b = binders.KubeBinder(cast(kclient.KubeClient, api), clock=lambda: NOW)
+    assert asyncio.run(b.bind("default", "p", "uid-p", "n1", OURS)) is ours
+    assert api.calls == [
+        ("POST", "/api/v1/namespaces/default/pods/p/binding"),
+        ("GET", "/api/v1/namespaces/default/pods/p"),
+    ]
+
+
+def test_bound_elsewhere_is_a_definite_failure() -> None:
+    b = binders.KubeBinder(cast(kclient.KubeClient, _Bound("n2", OURS)), clock=lambda: NOW)
+    with pytest.raises(binders.BindFailure) as err:
+        asyncio.run(b.bind("default", "p", "uid-p", "n1", OURS))
+    assert (err.value.operation, err.value.reason, err.value.ambiguous) == ("bind", "AlreadyBound", False)
 
 
 @pytest.mark.parametrize(
@@ -124,8 +218,8 @@ def test_annotate_and_bind_pass_their_timeouts_and_the_label_follows() -> None:
 def test_failures_say_whether_the_write_may_have_landed(error: kerrors.ApiError, ambiguous: bool) -> None:
     b = _kube_binder(_Api(error=error))
     calls = {
-        "annotate": b.annotate("default", "p", "uid-p", {keys.BIND_PHASE: "allocating"}),
-        "bind": b.bind("default", "p", "uid-p", "n1"),
+        "bind": b.bind("default", "p", "uid-p", "n1", {keys.BIND_PHASE: "allocating"}),
+        "label": b.label("default", "p", "uid-p", "n1"),
         "unlock": b.unlock_node("n1", "default", "p"),
     }
     for op, call in calls.items():

@@ -127,7 +127,8 @@ def test_quotas_merge_per_namespace_smallest_limit_wins() -> None:
 
 
 class _PodList:
-    """A kube client whose only answer is the node's claimed pods (or ``error``)."""
+    """A kube client whose only answer is a pod list (or ``error``), filtered as the apiserver
+    would by ``fieldSelector: spec.nodeName=<node>`` or ``labelSelector: hami.io/vgpu-node=<node>``."""
 
     def __init__(self, items: list[objects.Pod], error: Exception | None = None) -> None:
         self.items = items
@@ -138,7 +139,15 @@ class _PodList:
         self.calls.append((method, path, kwargs))
         if self.error is not None:
             raise self.error
-        body = {"metadata": {"resourceVersion": "400"}, "items": [msgspec.to_builtins(p) for p in self.items]}
+        params = kwargs.get("params") or {}
+        items = self.items
+        if "fieldSelector" in params:
+            node = params["fieldSelector"].removeprefix("spec.nodeName=")
+            items = [p for p in items if p.spec.node_name == node]
+        if "labelSelector" in params:
+            node = params["labelSelector"].removeprefix(f"{keys.VGPU_NODE}=")
+            items = [p for p in items if p.metadata.labels.get(keys.VGPU_NODE) == node]
+        body = {"metadata": {"resourceVersion": "400"}, "items": [msgspec.to_builtins(p) for p in items]}
         return kclient.Response(200, msgspec.json.encode(body))
 
 
@@ -176,7 +185,11 @@ def test_settle_reads_the_nodes_claims_when_the_watch_lags() -> None:
     bound = _claiming("x", "GPU-0,NVIDIA,30000,10:;")
     unbound = _claiming("y", "GPU-1,NVIDIA,2000,0:;", bound=False)  # between annotation and Binding
     mine = _claiming("p", "GPU-1,NVIDIA,9999,0:;", bound=False)  # a bind of this process
-    api = _PodList([bound, unbound, mine])
+    # Bound by a Binding that carried the annotations: no label (the apiserver drops Binding labels).
+    unlabelled = _pod(
+        "z", node="n", annotations={keys.VGPU_NODE: "n", keys.DEVICES_ALLOCATED: "GPU-0,NVIDIA,500,0:;"}
+    )
+    api = _PodList([bound, unbound, mine, unlabelled])
     f, cache, m = _truth_feed(api)
     ours = allocations.PodAllocation(node="n", containers=((allocations.DeviceGrant("GPU-1", 4000, 0),),))
     assert cache.assume("ns/p", "u-p", ours, 0.0).ok
@@ -184,18 +197,17 @@ def test_settle_reads_the_nodes_claims_when_the_watch_lags() -> None:
     t0 = time.monotonic()
     asyncio.run(f.settle("n", "400"))
     assert time.monotonic() - t0 >= feed.TRUTH_WAIT_S  # waited for the watch first
-    ((method, path, kwargs),) = api.calls
-    assert (method, path, kwargs["params"]) == (
-        "GET",
-        "/api/v1/pods",
-        {"labelSelector": f"{keys.VGPU_NODE}=n"},
-    )
+    assert [(method, path, kwargs["params"]) for method, path, kwargs in api.calls] == [
+        ("GET", "/api/v1/pods", {"fieldSelector": "spec.nodeName=n"}),
+        ("GET", "/api/v1/pods", {"labelSelector": f"{keys.VGPU_NODE}=n"}),
+    ]
     assert cache.pod_state("ns/x") is caches.PodState.ADDED
     assert cache.pod_state("ns/y") is caches.PodState.ADDED
+    assert cache.pod_state("ns/z") is caches.PodState.ADDED
     # The assumed pod keeps its reservation: the bind settles it itself.
     assert cache.pod_state("ns/p") is caches.PodState.ASSUMED and cache.pod_allocation("ns/p") == ours
     usage = cache.snapshot().nodes["n"].usage
-    assert [(u.slots, u.memory_mib, u.cores) for u in usage] == [(1, 30000, 10), (2, 6000, 0)]
+    assert [(u.slots, u.memory_mib, u.cores) for u in usage] == [(2, 30500, 10), (2, 6000, 0)]
     assert (_reads(m, "watch"), _reads(m, "api")) == (0, 1)
 
 
