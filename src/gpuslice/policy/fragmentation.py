@@ -4,6 +4,13 @@ A node's fragmentation against a target workload M is the GPU share that the exp
 not use there: ``F_n(M) = sum_m p_m F_n(m)``. FGD puts each pod where F grows least and, for a
 sharing pod, on the card where it grows least.
 
+Exact arithmetic: the weights ``p_m`` are quantised once to integers (``UNIT`` per 1.0, see
+``quantize``), so F is an exact integer in units of milli-GPU / ``UNIT`` whatever order it is summed
+in, and the node score ``int(100 * sigmoid(dF / 1000))`` is read from a table of integer thresholds
+(``SCORE_THRESHOLDS``, ``score``) instead of calling ``exp``. The node-by-node path here
+(``score_node``, ``fgd_choice``, the memo) and the vectorised batch path (``fragcolumns``, behind
+``FGD.score_columns``) use the same integers, so the simulator and the extender rank nodes alike.
+
 F depends only on (model, free CPU, sorted free milli per card), and on the free CPU only through
 which shape CPU thresholds it reaches, so ``Fragmentation`` memoizes it on (model, CPU bucket,
 sorted free tuple).
@@ -12,11 +19,13 @@ sorted free tuple).
 from __future__ import annotations
 
 import bisect
-import math
+import itertools
 from collections.abc import Mapping
 
+import numpy as np
+
 from gpuslice.model import nodes, requests
-from gpuslice.policy import registry, shares
+from gpuslice.policy import columns, fragcolumns, fragscore, registry, shares
 
 FreeCards = tuple[int, ...]
 
@@ -24,6 +33,8 @@ COVERAGE = 0.95
 """FGD keeps the most popular shapes until they cover this share of pods."""
 MEMO_LIMIT = 1 << 18
 """Memoized node measures kept at most (one default simulator run needs about 10k)."""
+UNIT = fragscore.UNIT
+"""Integer weight units per 1.0 of probability: F is an integer in milli-GPU / ``UNIT``."""
 
 
 def top_pairs(
@@ -56,33 +67,34 @@ def top_shapes(workload: registry.Workload, coverage: float = COVERAGE) -> regis
     return registry.Workload(tuple(s for s, _ in kept), tuple(p / norm for _, p in kept))
 
 
-def sigmoid_score(delta: float) -> int:
-    """``int(100 * sigmoid(delta / 1000))``: FGD's node score for a fragmentation decrease ``delta``."""
-    z = delta / 1000.0
-    if z < -700:
-        return 0
-    return int(100.0 * (1.0 / (1.0 + math.exp(-z))))
+quantize = fragscore.quantize
+sigmoid_score = fragscore.sigmoid_score
+score = fragscore.score
+SCORE_THRESHOLDS = fragscore.SCORE_THRESHOLDS
 
 
 class Fragmentation:
-    """Memoized fragmentation measure ``F_n(M)`` for one target workload."""
+    """Memoized fragmentation measure ``F_n(M)`` for one target workload, in milli-GPU / ``UNIT``."""
+
+    REPEATED = False
+    """True for fgd-lookahead's measure (``fragcolumns.Plan`` reads it)."""
 
     def __init__(self, workload: registry.Workload) -> None:
         self.workload = workload
-        self._cpu_only = sum(
-            p for s, p in zip(workload.shapes, workload.weights, strict=True) if s.count == 0
-        )
+        units = quantize(workload.weights)
+        self._cpu_only = sum(p for s, p in zip(workload.shapes, units, strict=True) if s.count == 0)
         self._gpu = [
             (p, s.cpu_milli, s.share_milli, s.count, s.types)
-            for s, p in zip(workload.shapes, workload.weights, strict=True)
+            for s, p in zip(workload.shapes, units, strict=True)
             if s.count > 0
         ]
         self._thresholds = sorted({c for _, c, _, _, _ in self._gpu})
         self._typed = any(types for *_, types in self._gpu)
-        self._memo: dict[tuple[str, int, FreeCards], float] = {}
+        self._memo: dict[tuple[str, int, FreeCards], int] = {}
+        self._plans: dict[tuple[int, tuple[str, ...]], fragcolumns.Plan] = {}
 
-    def of(self, model: str, cpu_free: int, free: FreeCards) -> float:
-        """``F_n(M)`` in milli-GPU for a node with this model, free CPU and free milli per card."""
+    def of(self, model: str, cpu_free: int, free: FreeCards) -> int:
+        """``F_n(M)`` for a node with this model, free CPU and free milli per card (exact integer)."""
         key = (
             model if self._typed else "",
             bisect.bisect_right(self._thresholds, cpu_free),
@@ -97,7 +109,7 @@ class Fragmentation:
         return hit
 
     def shape(self, model: str, cpu_free: int, free: FreeCards, shape: registry.Shape) -> int:
-        """``F_n(m)`` for one shape (unmemoized; for tests and reports)."""
+        """``F_n(m)`` for one shape in milli-GPU (unmemoized; for tests and reports)."""
         total = sum(free)
         if shape.count == 0 or not shares.type_allowed(model, shape.types):
             return total
@@ -105,17 +117,30 @@ class Fragmentation:
             return sum(f for f in free if f < shape.share_milli)
         return total
 
-    def _compute(self, model: str, cpu_free: int, free: FreeCards) -> float:
-        total = sum(free)
+    def _compute(self, model: str, cpu_free: int, free: FreeCards) -> int:
+        """F for cards sorted in ascending order (as ``of`` keys them)."""
+        below = [0, *itertools.accumulate(free)]  # below[i]: the i smallest cards
+        total = below[-1]
+        n = len(free)
         out = self._cpu_only * total
         for p, cpu, share, count, types in self._gpu:
             if types and not shares.type_allowed(model, types):
                 out += p * total
-            elif cpu_free >= cpu and sum(1 for f in free if f >= share) >= count:
-                out += p * sum(f for f in free if f < share)
-            else:
-                out += p * total
+                continue
+            i = bisect.bisect_left(free, share)  # free[i:] reach the share, free[:i] are slivers
+            out += p * (below[i] if cpu_free >= cpu and n - i >= count else total)
         return out
+
+    def plan(self, width: int, types: tuple[str, ...]) -> fragcolumns.Plan:
+        """The batch path's tables for nodes of at most ``width`` cards whose models are ``types``."""
+        key = (width, types)
+        got = self._plans.get(key)
+        if got is None:
+            if len(self._plans) >= 8:
+                self._plans.clear()
+            got = fragcolumns.Plan(self._gpu, self._cpu_only, self.REPEATED, width, types)
+            self._plans[key] = got
+        return got
 
 
 def take_whole(free: FreeCards, count: int) -> FreeCards:
@@ -147,20 +172,20 @@ def fgd_choice(
     cpu_after = cpu_free - d.cpu_milli
     if not d.sharing:
         after = take_whole(free, d.gpus) if d.gpus else free
-        return sigmoid_score(old - frag.of(model, cpu_after, after)), -1
+        return score(old - frag.of(model, cpu_after, after)), -1
     best, card = -1, -1
     seen: dict[int, int] = {}
     for g in sorted(eligible):
         f = free[g]
         if f < d.share_milli:
             continue
-        score = seen.get(f)
-        if score is None:
+        got = seen.get(f)
+        if got is None:
             after = free[:g] + (f - d.share_milli,) + free[g + 1 :]
-            score = sigmoid_score(old - frag.of(model, cpu_after, after))
-            seen[f] = score
-        if score > best:
-            best, card = score, g
+            got = score(old - frag.of(model, cpu_after, after))
+            seen[f] = got
+        if got > best:
+            best, card = got, g
     return max(best, 0), card
 
 
@@ -198,10 +223,41 @@ class FGD:
         free = shares.free_milli(state)
         d = shares.demand(pod, shares.card_memory(state))
         eligible = tuple(range(len(free)))
-        score, _ = fgd_choice(
+        got, _ = fgd_choice(
             self.fragmentation(ctx, d), state.inventory.model, state.cpu_free_milli, free, d, eligible
         )
-        return registry.Scored(score)
+        return registry.Scored(got)
+
+    def score_columns(
+        self,
+        cols: columns.NodeColumns,
+        rows: columns.IntArray,
+        pod: requests.PodRequest,
+        ctx: registry.Context = registry.EMPTY_CONTEXT,
+    ) -> columns.IntArray:
+        """``score_node`` of many rows at once (``fragcolumns``), for a pod ``vectorfit`` can judge."""
+
+        def plan_for(d: shares.Demand) -> fragcolumns.Plan:
+            return self.fragmentation(ctx, d).plan(cols.hot.shape[1], cols.types)
+
+        got = fragcolumns.score_rows(cols, rows, pod, plan_for)
+        return got if got is not None else self._score_each(cols, rows, pod, ctx)
+
+    def _score_each(
+        self,
+        cols: columns.NodeColumns,
+        rows: columns.IntArray,
+        pod: requests.PodRequest,
+        ctx: registry.Context,
+    ) -> columns.IntArray:
+        """``score_node`` row by row from the columns (cards with more than a whole card free)."""
+        view = fragcolumns.read(cols, rows)
+        out = []
+        for free, cpu, model, card_memory in view.each(cols.types):
+            d = shares.demand(pod, card_memory)
+            frag = self.fragmentation(ctx, d)
+            out.append(fgd_choice(frag, model, cpu, free, d, tuple(range(len(free))))[0])
+        return np.array(out, np.int64)
 
     def choose_cards_for_pod(
         self,

@@ -21,6 +21,7 @@ on constants of a trace: the inputs are the observed shape histogram and the nod
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Mapping
 
 from gpuslice.policy import fragmentation, registry, shares
@@ -46,10 +47,14 @@ def top_by_type(workload: registry.Workload, coverage: float = fragmentation.COV
 class RepeatedFragmentation(fragmentation.Fragmentation):
     """``F_n(M)`` with sharing shapes measured against as many tasks as the node can hold."""
 
+    REPEATED = True
+
     def __init__(self, workload: registry.Workload, width: int = MAX_CARDS) -> None:
         super().__init__(workload)
-        # The CPU step table by node card count: one shared table up to ``width``, then one as wide.
-        self._tables = [self._step_table(width)] * (width + 1)
+        # The CPU step table by node card count: one shared table up to ``width``, then one as wide;
+        # built on the first ``of`` (the batch path never needs it).
+        self._width = width
+        self._tables: list[list[int]] = []
 
     def _step_table(self, width: int) -> list[int]:
         """The CPU levels that change ``_compute`` on a node of at most ``width`` cards.
@@ -66,8 +71,8 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
         }
         return sorted(steps)
 
-    def of(self, model: str, cpu_free: int, free: fragmentation.FreeCards) -> float:
-        """``F_n(M)`` in milli-GPU (memoized on model, the CPU step reached and the sorted cards).
+    def of(self, model: str, cpu_free: int, free: fragmentation.FreeCards) -> int:
+        """``F_n(M)`` in milli-GPU / ``UNIT`` (memoized on model, the CPU step reached and the sorted cards).
 
         A CPU step tells task counts apart only up to its table's width in cards, so a node with
         more cards than ``MAX_CARDS`` is keyed on a table as wide as it. Keys of one card count
@@ -89,24 +94,30 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
 
     def _wide_steps(self, n: int) -> list[int]:
         """Grow ``_tables`` up to nodes of ``n`` cards (each card count past the width gets its own)."""
+        if not self._tables:
+            self._tables = [self._step_table(self._width)] * (self._width + 1)
         self._tables.extend(self._step_table(k) for k in range(len(self._tables), n + 1))
         return self._tables[n]
 
-    def _compute(self, model: str, cpu_free: int, free: fragmentation.FreeCards) -> float:
-        total = sum(free)
+    def _compute(self, model: str, cpu_free: int, free: fragmentation.FreeCards) -> int:
+        """F for cards sorted in ascending order (as ``of`` keys them)."""
+        below = [0, *itertools.accumulate(free)]  # below[i]: the i smallest cards
+        total = below[-1]
+        n = len(free)
         out = self._cpu_only * total
-        desc = sorted(free, reverse=True)
         for p, cpu, share, count, types in self._gpu:
             if types and not shares.type_allowed(model, types):
                 out += p * total
-            elif share >= shares.FULL:
-                fits = cpu_free >= cpu and sum(1 for f in desc if f >= share) >= count
-                out += p * (sum(f for f in desc if f < share) if fits else total)
+                continue
+            i = bisect.bisect_left(free, share)  # free[i:] reach the share
+            if share >= shares.FULL:
+                fits = cpu_free >= cpu and n - i >= count
+                out += p * (below[i] if fits else total)
             else:
-                tasks = sum(1 for f in desc if f >= share) // count
+                tasks = (n - i) // count
                 if cpu > 0:
                     tasks = min(tasks, max(cpu_free, 0) // cpu)
-                out += p * (total - sum(desc[: tasks * count]))
+                out += p * below[n - tasks * count]  # all but the tasks * count largest
         return out
 
 

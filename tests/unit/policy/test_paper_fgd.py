@@ -46,10 +46,11 @@ def test_per_shape(shape: registry.Shape, cpu: int, free: tuple[int, ...], expec
 
 
 def test_weighted_measure() -> None:
-    # F = 0.5 * 300 + 0.25 * 300 + 0.25 * 1300 = 150 + 75 + 325 = 550
-    assert fragmentation.Fragmentation(M).of("G2", 8000, (1000, 300)) == pytest.approx(550)
+    # F = 0.5 * 300 + 0.25 * 300 + 0.25 * 1300 = 150 + 75 + 325 = 550 milli-GPU; the weights are
+    # exact in units (0.5 -> 2**31, 0.25 -> 2**30), so F is exactly 550 * UNIT
+    assert fragmentation.Fragmentation(M).of("G2", 8000, (1000, 300)) == 550 * fragmentation.UNIT
     # memo: card order does not matter
-    assert fragmentation.Fragmentation(M).of("G2", 8000, (300, 1000)) == pytest.approx(550)
+    assert fragmentation.Fragmentation(M).of("G2", 8000, (300, 1000)) == 550 * fragmentation.UNIT
 
 
 @pytest.mark.parametrize(

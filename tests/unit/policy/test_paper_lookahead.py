@@ -21,18 +21,19 @@ M = registry.Workload((S, W), (0.5, 0.5))
     [
         # R = 2200. S: 3 cards >= 500, CPU for 6000 // 4000 = 1 task -> uses the 1000 card: 2200 - 1000 = 1200
         # W (one-task test, as FGD): fits -> slivers < 1000 = 600 + 600 = 1200. F = 0.5 * 1200 + 0.5 * 1200
-        (6000, (1000, 600, 600), 1200.0),
+        (6000, (1000, 600, 600), 1200),
         # CPU for 3 tasks of S -> all 2200 usable: 0; W: 1200 -> F = 600
-        (12000, (1000, 600, 600), 600.0),
+        (12000, (1000, 600, 600), 600),
         # no CPU for S or W -> R for both: 2200
-        (3000, (1000, 600, 600), 2200.0),
+        (3000, (1000, 600, 600), 2200),
     ],
     ids=["cpu-for-one-task", "cpu-for-all", "no-cpu"],
 )
-def test_repeated_measure(cpu: int, free: tuple[int, ...], expected: float) -> None:
-    assert lookahead.RepeatedFragmentation(M).of("G2", cpu, free) == pytest.approx(expected)
+def test_repeated_measure(cpu: int, free: tuple[int, ...], expected: int) -> None:
+    unit = fragmentation.UNIT  # weights 0.5 -> 2**31 units: F is exactly milli-GPU * UNIT
+    assert lookahead.RepeatedFragmentation(M).of("G2", cpu, free) == expected * unit
     # FGD's one-task measure on the first case: S fits -> 0 slivers; W 1200 -> 600
-    assert fragmentation.Fragmentation(M).of("G2", 6000, (1000, 600, 600)) == pytest.approx(600.0)
+    assert fragmentation.Fragmentation(M).of("G2", 6000, (1000, 600, 600)) == 600 * unit
 
 
 def test_cpu_tight_node_is_penalised_where_fgd_is_not() -> None:
@@ -71,7 +72,8 @@ def test_lookahead_memo_tells_cpu_levels_apart_past_eight_cards() -> None:
     shape = registry.Shape(cpu_milli=4000, share_milli=500, count=1)
     frag = lookahead.RepeatedFragmentation(registry.Workload((shape,), (1.0,)))
     free = (1000,) * 16
-    assert frag.of("G2", 32000, free) == 8000.0
-    assert frag.of("G2", 48000, free) == 4000.0
-    assert frag.of("G2", 64000, free) == 0.0
-    assert frag.of("G2", 48000, (1000,) * 8) == 0.0  # an 8-card node on the shared table still
+    unit = fragmentation.UNIT
+    assert frag.of("G2", 32000, free) == 8000 * unit
+    assert frag.of("G2", 48000, free) == 4000 * unit
+    assert frag.of("G2", 64000, free) == 0
+    assert frag.of("G2", 48000, (1000,) * 8) == 0  # an 8-card node on the shared table still
