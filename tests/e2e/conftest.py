@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gpuslice.codec import keys
 from gpuslice.devcluster import devcluster, nodesim
 from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.model import devices
@@ -110,6 +111,21 @@ class Cluster:
             return pod if pod["spec"].get("nodeName") else None
 
         result: dict[str, Any] = self.wait(bound, timeout, f"pod {ns}/{name} not bound")
+        return result
+
+    def wait_labelled(self, ns: str, name: str, timeout: float = 45.0) -> dict[str, Any]:
+        """The bound pod once it carries HAMi's ``hami.io/vgpu-node`` label.
+
+        The annotations arrive with the Binding; the label is patched after the device plugin's
+        ``Allocate`` released the node lock (at the latest ``bind.LABEL_AFTER_S`` later).
+        """
+
+        def labelled() -> dict[str, Any] | None:
+            pod = self.pod(ns, name)
+            labels = pod["metadata"].get("labels") or {}
+            return pod if pod["spec"].get("nodeName") and keys.VGPU_NODE in labels else None
+
+        result: dict[str, Any] = self.wait(labelled, timeout, f"pod {ns}/{name} not bound and labelled")
         return result
 
     def events(self, ns: str, name: str) -> list[dict[str, Any]]:

@@ -39,7 +39,7 @@ def assert_contract(pod: dict[str, Any]) -> None:
 def test_whole_gpu(e2e_cluster: Cluster) -> None:
     ns = e2e_cluster.namespace()
     e2e_cluster.create_pod(ns, "whole", {"nvidia.com/gpu": "1"})
-    pod = e2e_cluster.wait_bound(ns, "whole")
+    pod = e2e_cluster.wait_labelled(ns, "whole")
     assert_contract(pod)
     ((uuid, mem, cores),) = grants(pod)
     # A bare nvidia.com/gpu is a whole, exclusive card: all its memory, 100 cores.
@@ -64,7 +64,7 @@ def test_whole_gpu(e2e_cluster: Cluster) -> None:
 def test_fractions(e2e_cluster: Cluster, limits: dict[str, str], expect_mem: int, expect_cores: int) -> None:
     ns = e2e_cluster.namespace()
     e2e_cluster.create_pod(ns, "frac", limits, annotations={keys.USE_GPU_TYPE: "A100"})
-    pod = e2e_cluster.wait_bound(ns, "frac")
+    pod = e2e_cluster.wait_labelled(ns, "frac")
     assert_contract(pod)
     assert [(m, c) for _, m, c in grants(pod)] == [(expect_mem, expect_cores)]
     e2e_cluster.delete_pod(ns, "frac")
@@ -73,7 +73,7 @@ def test_fractions(e2e_cluster: Cluster, limits: dict[str, str], expect_mem: int
 def test_several_gpus_are_distinct_cards(e2e_cluster: Cluster) -> None:
     ns = e2e_cluster.namespace()
     e2e_cluster.create_pod(ns, "multi", {"nvidia.com/gpu": "3", "nvidia.com/gpumem": "1000"})
-    pod = e2e_cluster.wait_bound(ns, "multi")
+    pod = e2e_cluster.wait_labelled(ns, "multi")
     assert_contract(pod)
     uuids = [u for u, _, _ in grants(pod)]
     assert len(uuids) == 3 == len(set(uuids))
@@ -259,7 +259,7 @@ def test_restart_rebuilds_usage_from_annotations(e2e_cluster: Cluster) -> None:
     assert after == before
     # And the restarted extender keeps scheduling.
     e2e_cluster.create_pod(ns, "after", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"})
-    assert_contract(e2e_cluster.wait_bound(ns, "after", timeout=60))
+    assert_contract(e2e_cluster.wait_labelled(ns, "after", timeout=60))
     for name in ("keep", "after"):
         e2e_cluster.delete_pod(ns, name)
 

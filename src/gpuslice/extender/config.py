@@ -69,6 +69,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         resource_core_name: percent of each card's SMs (``resourceCoreName``).
         resource_priority_name: task priority (``resourcePriorityName``; only the webhook and the
             device plugin read it, kube-scheduler must ignore it).
+        label_pods: label each pod it binds ``hami.io/vgpu-node=<node>`` after the device plugin's
+            ``Allocate``, as HAMi's scheduler does (HAMi's vGPU monitor selects a node's pods by
+            it). One write per pod; turn it off where no HAMi monitor runs.
         resync_period_s: full relist period of the informers (0 = never).
         watch_timeout_s: server-side timeout of each watch request.
         qps: client-side request rate limit to the apiserver (a bind costs about four requests,
@@ -141,6 +144,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     resource_memory_percentage_name: str = "nvidia.com/gpumem-percentage"
     resource_core_name: str = "nvidia.com/gpucores"
     resource_priority_name: str = "nvidia.com/priority"
+    label_pods: bool = True
     resync_period_s: float = 300.0
     watch_timeout_s: int = 290
     qps: float = 200.0

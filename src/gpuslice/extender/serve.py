@@ -81,7 +81,9 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     lead = leadership(settings, kube)
     flow = binds.BindFlow(
         cache=cache,
-        binder=binders.KubeBinder(kube, settings.node_lock_expiry_s, cached_node=source.node),
+        binder=binders.KubeBinder(
+            kube, settings.node_lock_expiry_s, cached_node=source.node, label_pods=settings.label_pods
+        ),
         policies=policies,
         request_config=settings.request_config,
         clock=time.time,
