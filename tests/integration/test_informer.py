@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
+from gpuslice.codec import keys
 from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, kinds, objects
@@ -90,14 +91,15 @@ async def test_list_then_watch_nodes(control_plane: ControlPlane, kube: kclient.
             names.append(extra)
             h.create_node(control_plane, extra, labels={"gpuslice.io/test": label})
             await rec.wait_for(named(informer.EventType.ADDED, extra))
-            control_plane.api_request(
-                "PATCH", f"/api/v1/nodes/{extra}", {"metadata": {"annotations": {"a": "b"}}}
-            )
+            # A GPU annotation (stored nodes keep only those: objects.NodeWire).
+            ann = {keys.DEVICE_CORDON: "GPU-x", "example.com/other": "b"}
+            control_plane.api_request("PATCH", f"/api/v1/nodes/{extra}", {"metadata": {"annotations": ann}})
             # (create_node's status patch is a MODIFIED too; wait for the annotation.)
             is_mod = named(informer.EventType.MODIFIED, extra)
-            await rec.wait_for(
-                lambda e: is_mod(e) and e.obj is not None and e.obj.metadata.annotations.get("a") == "b"
+            got = await rec.wait_for(
+                lambda e: is_mod(e) and e.obj is not None and bool(e.obj.metadata.annotations)
             )
+            assert got.obj is not None and got.obj.metadata.annotations == {keys.DEVICE_CORDON: "GPU-x"}
             control_plane.api_request("DELETE", f"/api/v1/nodes/{names[0]}")
             await rec.wait_for(named(informer.EventType.DELETED, names[0]))
             assert names[0] not in inf.store and extra in inf.store

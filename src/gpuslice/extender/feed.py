@@ -182,43 +182,39 @@ class Feed:
 
     def _on_pod(self, event: informer.Event[objects.Pod]) -> None:
         pod = event.obj
-        if pod is not None:
-            ann = pod.metadata.annotations
-            if pod.spec.node_name and ann.get(keys.BIND_PHASE) in (
-                keys.BIND_PHASE_SUCCESS,
-                keys.BIND_PHASE_FAILED,
-            ):
-                stamp = ann.get(keys.BIND_TIME, "")
-                if stamp.isdigit():
-                    self.health.allocate_answered(
-                        pod.spec.node_name, float(stamp), self.clock(), self.monotonic()
-                    )
-            claim = keys.VGPU_NODE in pod.metadata.annotations and not pod.spec.node_name
-            if claim and event.type is not informer.EventType.DELETED and not pod.terminated:
-                self.unbound_claims[pod.key] = pod
-            else:
-                self.unbound_claims.pop(pod.key, None)
-        held = pod is not None and self.cache.pod_state(pod.key) is not None
-        self.sync.on_pod(event)
         if pod is None:
             return
-        released = self._inits_release(pod, held)
+        key = pod.key
+        deleted = event.type is informer.EventType.DELETED
+        ann = pod.metadata.annotations
+        bound = pod.spec.node_name
+        if bound and ann.get(keys.BIND_PHASE) in (keys.BIND_PHASE_SUCCESS, keys.BIND_PHASE_FAILED):
+            stamp = ann.get(keys.BIND_TIME, "")
+            if stamp.isdigit():
+                self.health.allocate_answered(bound, float(stamp), self.clock(), self.monotonic())
+        if keys.VGPU_NODE in ann and not bound and not deleted and not pod.terminated:
+            self.unbound_claims[key] = pod
+        elif self.unbound_claims:
+            self.unbound_claims.pop(key, None)
+        held = self.cache.pod_state(key) is not None
+        self.sync.apply_pod(key, pod, deleted)
+        released = self._inits_release(pod, key, held)
         if not held or self.on_capacity_freed is None:
             return
-        if released or self.cache.pod_state(pod.key) is None:
-            node = pod.spec.node_name or pod.metadata.annotations.get(keys.VGPU_NODE, "")
+        if released or self.cache.pod_state(key) is None:
+            node = bound or ann.get(keys.VGPU_NODE, "")
             if node:
                 self.on_capacity_freed(node)
 
-    def _inits_release(self, pod: objects.Pod, held: bool) -> bool:
+    def _inits_release(self, pod: objects.Pod, key: str, held: bool) -> bool:
         """True when this event released a held pod's init-container peak (``Pod.inits_done`` flipped)."""
-        key = pod.key
-        if pod.inits_done and self.cache.pod_state(key) is not None:
+        if pod.spec.init_containers and pod.inits_done and self.cache.pod_state(key) is not None:
             if key in self._inits_released:
                 return False
             self._inits_released.add(key)
             return held
-        self._inits_released.discard(key)
+        if self._inits_released:
+            self._inits_released.discard(key)
         return False
 
     @contextlib.asynccontextmanager

@@ -2,11 +2,35 @@
 
 The loop (kopf's ``watching.py`` shape, plus the relist diff client-go's reflector does)::
 
-    list (paged: limit/continue) -> emit ADDED/MODIFIED per object -> emit DELETED for known
-    objects the list no longer has -> emit LISTED -> watch from the list's resourceVersion with
-    allowWatchBookmarks=true -> on a normal end (timeoutSeconds) watch again from the last
+    list (paged: limit/continue) -> emit ADDED/MODIFIED per changed object -> emit DELETED for
+    known objects the list no longer has -> emit LISTED -> watch from the list's resourceVersion
+    with allowWatchBookmarks=true -> on a normal end (timeoutSeconds) watch again from the last
     resourceVersion seen (bookmarks advance it) -> on 410 Gone: list again, never re-watch at a
     stale resourceVersion -> every ``resync_s`` list again anyway (drift safety net).
+
+Which list (the "Resource versions" section of the Kubernetes API concepts,
+https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions): the first list,
+and any list after the server refused one (410 on the list itself, an undecodable answer, a
+"Too large resource version" answer), is a consistent one (no ``resourceVersion``: the most
+recent state). Every later relist (the periodic resync, a 410 on the watch) asks for
+``resourceVersionMatch=NotOlderThan`` with the newest resourceVersion the informer has seen: any
+state at least that new, which the apiserver serves from its watch cache instead of etcd, and
+which can never take the store back in time (such a list older than that is refused, to be safe
+with servers that ignore ``resourceVersionMatch``, and the next list is a consistent one).
+``resourceVersion=0`` ("any", possibly older than what was seen) is never sent: the watch cache
+ignores ``limit`` for it and answers the whole collection in one response (150 000 pods: about
+800 MB of JSON held at once; the process peaked at 1.8 GB in ``bench/bench_scale.py``). Since
+Kubernetes 1.31 (``ConsistentListFromCache``) the consistent list is served from the watch cache
+too, after one etcd read of the current revision, and since 1.34 (``ListFromCacheSnapshot``) its
+later pages as well; older servers serve it from etcd. Pages are ``DEFAULT_PAGE_SIZE`` (5000)
+objects, about 26 MB of pod JSON each: 150 000 pods in 30 requests where 500 a page took 300,
+and the apiserver spent about 8 s of CPU on the list instead of about 15 s.
+
+Each page is decoded into the kind's wire objects (``kinds.Kind``); an object whose
+resourceVersion equals the stored one is skipped before it is built, so a resync relist builds and
+emits only what changed. The garbage collector is paused while a page is decoded and applied (a
+page allocates tens of thousands of containers at once, and every collection of a growing heap
+rescans it: without the pause decoding takes twice as long).
 
 Other failures (5xx, connection loss) mark the informer unhealthy and retry the watch at the
 last resourceVersion after a capped exponential backoff; if that resourceVersion has been
@@ -28,14 +52,17 @@ is logged and does not stop the feed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import gc
 import heapq
 import itertools
 import logging
 import random
+import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import Generic, NamedTuple, TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
 
@@ -46,7 +73,11 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DEFAULT_PAGE_SIZE = 500
+DEFAULT_PAGE_SIZE = 5000
+NOT_OLDER_THAN = "NotOlderThan"
+TOO_LARGE_RV = "Too large resource version"
+"""The apiserver's message when its watch cache has not reached the resourceVersion asked for
+(504, cause ``ResourceVersionTooLarge``): the list is retried as a consistent one."""
 DEFAULT_WATCH_TIMEOUT_S = 300
 DEFAULT_RESYNC_S = 1800.0
 FROZEN_MARGIN_S = 5.0
@@ -63,6 +94,19 @@ class _MetaOnly(msgspec.Struct):
 
 
 _META_ONLY = msgspec.json.Decoder(_MetaOnly)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection inside (synchronous code only: nothing else runs meanwhile)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class EventType(enum.Enum):
@@ -97,7 +141,9 @@ class Informer(Generic[T]):
         kube: the API client.
         kind: what to watch (``kinds.NODES``, ``kinds.PODS``, ``kinds.QUOTAS`` or a variant).
         handler: called with every event, in order.
-        page_size: list page size (``limit``).
+        page_size: list page size (``limit``; <= 0: one unpaged list).
+        watch_cache: relist with ``resourceVersionMatch=NotOlderThan`` (from the apiserver's
+            watch cache); False: every list is a consistent one.
         watch_timeout_s: ``timeoutSeconds`` of each watch request.
         resync_s: relist period (<= 0: never; 410 still relists).
         label_selector: optional ``labelSelector``.
@@ -114,6 +160,7 @@ class Informer(Generic[T]):
         handler: Handler[T],
         *,
         page_size: int = DEFAULT_PAGE_SIZE,
+        watch_cache: bool = True,
         watch_timeout_s: int = DEFAULT_WATCH_TIMEOUT_S,
         resync_s: float = DEFAULT_RESYNC_S,
         label_selector: str | None = None,
@@ -126,6 +173,7 @@ class Informer(Generic[T]):
         self.kind = kind
         self.handler = handler
         self.page_size = page_size
+        self.watch_cache = watch_cache
         self.watch_timeout_s = watch_timeout_s
         self.resync_s = resync_s
         self._selectors: dict[str, str] = {}
@@ -151,6 +199,11 @@ class Informer(Generic[T]):
         """True from a 410 (or an undecodable answer) until the relist it forces has completed.
         A periodic resync leaves the view complete while it runs and does not set it."""
         self.last_error: errors.ApiError | None = None
+        self.seen_version = ""
+        """The newest resourceVersion applied (kept when ``resource_version`` is cleared by a 410):
+        a relist asks for a state at least this new."""
+        self.consistent_next = True
+        """The next list must be a consistent one (first list, or the server refused the last)."""
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
 
@@ -184,6 +237,8 @@ class Informer(Generic[T]):
     def _advance(self, resource_version: str) -> None:
         """Record the resourceVersion reached and wake the waiters it satisfies."""
         self.resource_version = resource_version
+        if resource_version:
+            self.seen_version = resource_version
         if not self._waiters:
             return
         reached = _revision(resource_version)
@@ -200,42 +255,62 @@ class Informer(Generic[T]):
         except Exception:
             log.exception("%s informer: handler failed on %s", self.kind.name, event.type.value)
 
+    def list_params(self) -> dict[str, str | int | bool]:
+        """The query of the first page of the next list (see the module docstring)."""
+        params: dict[str, str | int | bool] = {}
+        if self.page_size > 0:
+            params["limit"] = self.page_size
+        params.update(self._selectors)
+        floor = self.seen_version
+        if self.watch_cache and not self.consistent_next and _revision(floor) is not None:
+            params["resourceVersion"] = floor
+            params["resourceVersionMatch"] = NOT_OLDER_THAN
+        return params
+
     async def relist(self) -> str:
         """List every object (paged), emit the differences to ``store`` and LISTED.
 
         Returns:
             The collection's resourceVersion (where the next watch starts).
+
+        Raises:
+            errors.ApiError: the list failed (``errors.Gone``: the next list is a consistent one).
         """
-        seen: dict[str, T] = {}
+        seen: set[str] = set()
         cont = ""
         rv = ""
         while True:
-            params: dict[str, str | int | bool] = {"limit": self.page_size, **self._selectors}
             if cont:
-                params["continue"] = cont
+                params: dict[str, str | int | bool] = {"continue": cont, **self._selectors}
+                if self.page_size > 0:
+                    params["limit"] = self.page_size
+            else:
+                params = self.list_params()
             try:
                 resp = await self.kube.request("GET", self.kind.path, params=params)
             except errors.Gone:
                 if not cont:
+                    self.consistent_next = True
                     raise
                 log.info("%s informer: list continue token expired; listing from the start", self.kind.name)
                 seen.clear()
                 cont = ""
                 continue
-            page = self.kind.list_decoder.decode(resp.content)
-            for obj in page.items:
-                meta = self.kind.meta(obj)
-                key = objects.object_key(meta)
-                seen[key] = obj
-                old = self.store.get(key)
-                if old is None:
-                    self.store[key] = obj
-                    self._emit(Event(EventType.ADDED, obj))
-                elif self.kind.meta(old).resource_version != meta.resource_version:
-                    self.store[key] = obj
-                    self._emit(Event(EventType.MODIFIED, obj))
-            rv = page.metadata.resource_version
-            cont = page.metadata.continue_
+            except errors.ApiError as exc:
+                if cont or "resourceVersionMatch" not in params or TOO_LARGE_RV not in str(exc):
+                    raise
+                log.info("%s informer: %s; listing consistently", self.kind.name, exc)
+                self.consistent_next = True
+                continue
+            with _gc_paused():
+                page = self.kind.wire_list_decoder.decode(resp.content)
+                del resp
+                rv = page.metadata.resource_version
+                if not cont and "resourceVersionMatch" in params:
+                    self._check_not_older(rv)
+                self._apply_page(page.items, seen)
+                cont = page.metadata.continue_
+                del page
             if not cont:
                 break
         for key in [k for k in self.store if k not in seen]:
@@ -244,9 +319,37 @@ class Informer(Generic[T]):
         self.synced = True
         self.healthy = True
         self.relisting = False
+        self.consistent_next = False
         self._advance(rv)
         self._emit(Event(EventType.LISTED, None))
         return rv
+
+    def _check_not_older(self, rv: str) -> None:
+        """Refuse a watch-cache list older than what the informer has applied (back in time).
+
+        A consistent list is the most recent state by definition and is never refused (etcd
+        restored from a backup starts its revisions lower).
+        """
+        listed, floor = _revision(rv), _revision(self.seen_version)
+        if listed is not None and floor is not None and listed < floor:
+            self.consistent_next = True
+            raise errors.ApiServerError(
+                f"list {self.kind.path}: resourceVersion {rv} is older than {self.seen_version} already seen"
+            )
+
+    def _apply_page(self, items: list[Any], seen: set[str]) -> None:
+        """Store and emit the listed objects that are new or changed (by resourceVersion)."""
+        kind, store, meta = self.kind, self.store, self.kind.meta
+        for wire in items:
+            wmeta = wire.metadata
+            key = sys.intern(objects.object_key(wmeta))
+            seen.add(key)
+            old = store.get(key)
+            if old is not None and meta(old).resource_version == wmeta.resource_version:
+                continue
+            obj = kind.build_one(wire)
+            store[key] = obj
+            self._emit(Event(EventType.ADDED if old is None else EventType.MODIFIED, obj))
 
     def _apply(self, kind: str, raw: msgspec.Raw) -> None:
         """Apply one watch event to the store and emit it."""
@@ -255,7 +358,7 @@ class Informer(Generic[T]):
             return
         obj = self.kind.decoder.decode(raw)
         meta = self.kind.meta(obj)
-        key = objects.object_key(meta)
+        key = sys.intern(objects.object_key(meta))
         if kind == "DELETED":
             self.store.pop(key, None)
             self._emit(Event(EventType.DELETED, obj))
@@ -334,6 +437,7 @@ class Informer(Generic[T]):
                 log.warning("%s informer: undecodable answer (%s); relisting", self.kind.name, exc)
                 self.resource_version = ""
                 self.relisting = self.synced
+                self.consistent_next = True
                 await self._sleep(retry_delay(failures, self._rng))
 
 

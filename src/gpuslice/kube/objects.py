@@ -1,19 +1,27 @@
 """Kubernetes objects as msgspec Structs holding only the fields gpuslice reads.
 
 Decoding a Pod into these takes a few microseconds (unknown fields are skipped, never rejected:
-Kubernetes adds fields). Field names are the API's camelCase (``rename="camel"``).
+Kubernetes adds fields). Field names are the API's camelCase (``rename="camel"``). None of these
+Structs can take part in a reference cycle (they hold strings, numbers and other such Structs), so
+they are not tracked by the garbage collector (``gc=False``): a cache of 150 000 pods is not
+rescanned by every full collection.
 
-Annotations are a free-form map, so they are decoded whole; a pod may carry up to 256 KB of them
-(``kubectl.kubernetes.io/last-applied-configuration`` alone can be that large). Pods kept for long
-(the informer's store) go through ``trim_pod``, which keeps only ``POD_ANNOTATIONS``: the keys of
-``gpuslice.codec.keys`` (HAMi's ``hami.io/`` and ``nvidia.com/`` names and gpuslice's own), the
-only pod annotations gpuslice reads.
+Annotations are a free-form map; a pod may carry up to 256 KB of them
+(``kubectl.kubernetes.io/last-applied-configuration`` alone can be that large). ``decode_pod``
+decodes them whole (a pod read for one bind). Pods kept for long, the informer's store, are
+decoded by ``decode_stored_pod`` / ``PodWire`` instead, which keep only what the extender reads
+(see ``PodWire``): the annotations in ``POD_ANNOTATIONS`` (the keys of ``gpuslice.codec.keys``:
+HAMi's ``hami.io/`` and ``nvidia.com/`` names and gpuslice's own) are decoded as the fields of a
+Struct, so msgspec skips every other annotation while parsing, without building a string for it:
+a pod with 256 KB of unrelated annotations decodes to the same object, at the same size, as
+without them. ``trim_pod`` does the same filtering on an already decoded pod.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -30,7 +38,7 @@ POD_ANNOTATIONS: frozenset[str] = frozenset(
 (the node keys among them cost nothing on a pod)."""
 
 
-class OwnerReference(msgspec.Struct, rename="camel", frozen=True):
+class OwnerReference(msgspec.Struct, rename="camel", frozen=True, gc=False):
     """An owner of an object."""
 
     kind: str = ""
@@ -38,7 +46,7 @@ class OwnerReference(msgspec.Struct, rename="camel", frozen=True):
     uid: str = ""
 
 
-class ObjectMeta(msgspec.Struct, rename="camel", frozen=True):
+class ObjectMeta(msgspec.Struct, rename="camel", frozen=True, gc=False):
     """The metadata fields we read."""
 
     name: str = ""
@@ -52,14 +60,14 @@ class ObjectMeta(msgspec.Struct, rename="camel", frozen=True):
     owner_references: list[OwnerReference] = []
 
 
-class ResourceRequirements(msgspec.Struct, frozen=True):
+class ResourceRequirements(msgspec.Struct, frozen=True, gc=False):
     """Container resources as quantity strings."""
 
     limits: dict[str, str] = {}
     requests: dict[str, str] = {}
 
 
-class Container(msgspec.Struct, rename="camel", frozen=True):
+class Container(msgspec.Struct, rename="camel", frozen=True, gc=False):
     """A container: its name, resources and (init containers only) restart policy.
 
     ``restart_policy: Always`` on an init container makes it a native sidecar: it starts before
@@ -72,7 +80,7 @@ class Container(msgspec.Struct, rename="camel", frozen=True):
     restart_policy: str = ""
 
 
-class PodSpec(msgspec.Struct, rename="camel", frozen=True):
+class PodSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
     """The pod spec fields we read."""
 
     node_name: str = ""
@@ -82,19 +90,19 @@ class PodSpec(msgspec.Struct, rename="camel", frozen=True):
     priority: int | None = None
 
 
-class ContainerStateTerminated(msgspec.Struct, rename="camel", frozen=True):
+class ContainerStateTerminated(msgspec.Struct, rename="camel", frozen=True, gc=False):
     """A terminated container's exit code (None when the API left it out)."""
 
     exit_code: int | None = None
 
 
-class ContainerState(msgspec.Struct, frozen=True):
+class ContainerState(msgspec.Struct, frozen=True, gc=False):
     """A container's state; only ``terminated`` is read (waiting and running are skipped)."""
 
     terminated: ContainerStateTerminated | None = None
 
 
-class ContainerStatus(msgspec.Struct, frozen=True):
+class ContainerStatus(msgspec.Struct, frozen=True, gc=False):
     """One entry of ``status.initContainerStatuses``: the container's name and current state."""
 
     name: str = ""
@@ -107,14 +115,14 @@ class ContainerStatus(msgspec.Struct, frozen=True):
         return t is not None and t.exit_code == 0
 
 
-class PodStatus(msgspec.Struct, rename="camel", frozen=True):
+class PodStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
     """The pod status fields we read."""
 
     phase: str = ""
     init_container_statuses: list[ContainerStatus] = []
 
 
-class Pod(msgspec.Struct, frozen=True):
+class Pod(msgspec.Struct, frozen=True, gc=False):
     """A Pod."""
 
     metadata: ObjectMeta = ObjectMeta()
@@ -154,14 +162,14 @@ class Pod(msgspec.Struct, frozen=True):
         return tuple(i for i, c in enumerate(self.spec.init_containers) if c.restart_policy == "Always")
 
 
-class NodeStatus(msgspec.Struct, frozen=True):
+class NodeStatus(msgspec.Struct, frozen=True, gc=False):
     """The node status fields we read."""
 
     capacity: dict[str, str] = {}
     allocatable: dict[str, str] = {}
 
 
-class Node(msgspec.Struct, frozen=True):
+class Node(msgspec.Struct, frozen=True, gc=False):
     """A Node."""
 
     metadata: ObjectMeta = ObjectMeta()
@@ -173,13 +181,13 @@ class Node(msgspec.Struct, frozen=True):
         return self.metadata.name
 
 
-class QuotaSpec(msgspec.Struct, frozen=True):
+class QuotaSpec(msgspec.Struct, frozen=True, gc=False):
     """ResourceQuota spec: hard limits."""
 
     hard: dict[str, str] = {}
 
 
-class ResourceQuota(msgspec.Struct, frozen=True):
+class ResourceQuota(msgspec.Struct, frozen=True, gc=False):
     """A ResourceQuota."""
 
     metadata: ObjectMeta = ObjectMeta()
@@ -194,7 +202,7 @@ class ResourceQuota(msgspec.Struct, frozen=True):
 T = TypeVar("T")
 
 
-class ListMeta(msgspec.Struct, rename="camel", frozen=True):
+class ListMeta(msgspec.Struct, rename="camel", frozen=True, gc=False):
     """List metadata: the collection's resourceVersion and the paging token."""
 
     resource_version: str = ""
@@ -224,7 +232,21 @@ class WatchEvent(msgspec.Struct, frozen=True):
     object: msgspec.Raw
 
 
-def object_key(meta: ObjectMeta) -> str:
+class Named(Protocol):
+    """Metadata with a name and a namespace (``ObjectMeta`` or a wire variant of it)."""
+
+    @property
+    def name(self) -> str:
+        """The object's name."""
+        ...
+
+    @property
+    def namespace(self) -> str:
+        """The object's namespace ('' for cluster-scoped objects)."""
+        ...
+
+
+def object_key(meta: Named) -> str:
     """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
     return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
 
@@ -248,8 +270,203 @@ def trim_pod(pod: Pod) -> Pod:
     return msgspec.structs.replace(pod, metadata=meta)
 
 
+# ----- the informer's pods: decoded with only what the extender reads
+
+KEPT_ANNOTATIONS: tuple[str, ...] = tuple(sorted(POD_ANNOTATIONS))
+"""``POD_ANNOTATIONS`` in a fixed order: the fields of the annotation Struct of ``PodWire``."""
+_INTERNED_ANNOTATIONS = (keys.VGPU_NODE, keys.BIND_PHASE, keys.DEVICES_TO_ALLOCATE)
+"""Annotations whose values repeat across pods (node names, phases, blanked device lists)."""
+
+if TYPE_CHECKING:
+
+    class _KeptAnnotations(msgspec.Struct, frozen=True, gc=False):
+        """One optional str field per key of ``KEPT_ANNOTATIONS`` (built by ``defstruct`` below)."""
+
+else:
+    _KeptAnnotations = msgspec.defstruct(
+        "_KeptAnnotations",
+        [(f"a{i}", str | None, msgspec.field(default=None, name=k)) for i, k in enumerate(KEPT_ANNOTATIONS)],
+        frozen=True,
+        gc=False,
+        module=__name__,
+    )
+_NO_KEPT = _KeptAnnotations()
+_NONE_KEPT = msgspec.structs.astuple(_NO_KEPT)
+
+
+class _WireMeta(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    annotations: _KeptAnnotations = _NO_KEPT
+    deletion_timestamp: str | None = None
+
+
+class _WireHost(msgspec.Struct, frozen=True, gc=False):
+    cpu: str | None = None
+    memory: str | None = None
+
+
+class _WireResources(msgspec.Struct, frozen=True, gc=False):
+    limits: _WireHost = _WireHost()
+    requests: _WireHost = _WireHost()
+
+
+_NO_RESOURCES = _WireResources()
+
+
+class _WireContainer(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    name: str = ""
+    restart_policy: str = ""
+    resources: _WireResources = _NO_RESOURCES
+
+
+class _WireSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    node_name: str = ""
+    containers: tuple[_WireContainer, ...] = ()
+    init_containers: tuple[_WireContainer, ...] = ()
+
+
+class _WireStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
+    phase: str = ""
+    init_container_statuses: tuple[ContainerStatus, ...] = ()
+
+
+class PodWire(msgspec.Struct, frozen=True, gc=False):
+    """A Pod as the informer decodes it: only the fields the extender reads.
+
+    ``metadata``: name, namespace, uid, resourceVersion, deletionTimestamp and the annotations of
+    ``POD_ANNOTATIONS`` (each a field of a Struct, so any other annotation is skipped by the
+    parser: neither decoded nor kept); ``spec``: nodeName and, for every container and init
+    container, its name, restartPolicy (positions, native sidecars) and the ``cpu`` and ``memory``
+    of its requests and limits (the host request kube-scheduler counts); ``status``: phase and the
+    init containers' terminated states (``Pod.inits_done``). Labels, owner references, the other
+    resources (GPU ones included: the annotations say what a bound pod holds) and every other
+    field are skipped. ``stored_pod`` turns it into a ``Pod``.
+    """
+
+    metadata: _WireMeta = _WireMeta()
+    spec: _WireSpec = _WireSpec()
+    status: _WireStatus = _WireStatus()
+
+
+# Stored pods share their equal parts: the empty collections, the containers lists of pods with
+# the same containers, and the strings that repeat (namespaces, node names, phases). Nothing
+# mutates a decoded object (they are frozen and read only), so sharing is safe; it saves a few
+# hundred bytes a pod.
+_NO_STRINGS: dict[str, str] = {}
+_NO_OWNERS: list[OwnerReference] = []
+_NO_STATUSES: list[ContainerStatus] = []
+_SHARED_MAX = 4096
+"""Distinct containers lists remembered for sharing; when full the table starts anew."""
+_containers_lists: dict[tuple[_WireContainer, ...], list[Container]] = {}
+
+
+def _containers(wire: tuple[_WireContainer, ...]) -> list[Container]:
+    shared = _containers_lists.get(wire)
+    if shared is not None:
+        return shared
+    built = [
+        Container(name=sys.intern(c.name), restart_policy=sys.intern(c.restart_policy))
+        if c.resources == _NO_RESOURCES
+        else Container(
+            name=sys.intern(c.name),
+            resources=ResourceRequirements(
+                limits=_host(c.resources.limits), requests=_host(c.resources.requests)
+            ),
+            restart_policy=sys.intern(c.restart_policy),
+        )
+        for c in wire
+    ]
+    if len(_containers_lists) >= _SHARED_MAX:
+        _containers_lists.clear()  # the stored pods keep theirs; sharing starts anew
+    _containers_lists[wire] = built
+    return built
+
+
+def _host(wire: _WireHost) -> dict[str, str]:
+    out = {}
+    if wire.cpu is not None:
+        out["cpu"] = wire.cpu
+    if wire.memory is not None:
+        out["memory"] = wire.memory
+    return out
+
+
+def _kept(annotations: _KeptAnnotations) -> dict[str, str]:
+    values = msgspec.structs.astuple(annotations)
+    if values == _NONE_KEPT:
+        return _NO_STRINGS
+    kept = {k: v for k, v in zip(KEPT_ANNOTATIONS, values, strict=True) if v is not None}
+    for k in _INTERNED_ANNOTATIONS:
+        v = kept.get(k)
+        if v is not None:
+            kept[k] = sys.intern(v)
+    return kept
+
+
+def stored_pod(wire: PodWire) -> Pod:
+    """The ``Pod`` a ``PodWire`` stands for: the fields it decoded, every other one empty.
+
+    Equal to ``trim_pod`` of the fully decoded pod once the fields ``PodWire`` skips are cleared.
+    The result shares its equal parts with other stored pods; like every decoded object it must
+    not be mutated.
+    """
+    m, spec, status = wire.metadata, wire.spec, wire.status
+    statuses = list(status.init_container_statuses) if status.init_container_statuses else _NO_STATUSES
+    return Pod(
+        metadata=_meta(m),
+        spec=PodSpec(
+            node_name=sys.intern(spec.node_name),
+            containers=_containers(spec.containers),
+            init_containers=_containers(spec.init_containers),
+        ),
+        status=PodStatus(
+            phase=sys.intern(status.phase),
+            init_container_statuses=statuses,
+        ),
+    )
+
+
+class NodeWire(msgspec.Struct, frozen=True, gc=False):
+    """A Node as the informer decodes it: only the fields the extender reads.
+
+    Name, uid, resourceVersion, deletionTimestamp, the annotations of ``POD_ANNOTATIONS`` (the
+    node keys of ``gpuslice.codec.keys`` are among them) and the status' capacity and
+    allocatable. ``stored_node`` turns it into a ``Node``.
+    """
+
+    metadata: _WireMeta = _WireMeta()
+    status: NodeStatus = NodeStatus()
+
+
+def _meta(m: _WireMeta) -> ObjectMeta:
+    return ObjectMeta(
+        name=m.name,
+        namespace=sys.intern(m.namespace),
+        uid=m.uid,
+        resource_version=m.resource_version,
+        labels=_NO_STRINGS,
+        annotations=_kept(m.annotations),
+        deletion_timestamp=m.deletion_timestamp,
+        owner_references=_NO_OWNERS,
+    )
+
+
+def stored_node(wire: NodeWire) -> Node:
+    """The ``Node`` a ``NodeWire`` stands for (labels and other annotations empty)."""
+    return Node(metadata=_meta(wire.metadata), status=wire.status)
+
+
 _POD = msgspec.json.Decoder(Pod)
 _NODE = msgspec.json.Decoder(Node)
+_STORED_POD = msgspec.json.Decoder(PodWire)
+
+
+def decode_stored_pod(content: bytes) -> Pod:
+    """Decode a Pod from JSON as the informer stores it (``PodWire``, ``stored_pod``)."""
+    return stored_pod(_STORED_POD.decode(content))
 
 
 def decode_pod(content: bytes) -> Pod:

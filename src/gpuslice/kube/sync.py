@@ -254,10 +254,12 @@ class Sync:
     def on_pod(self, event: informer.Event[objects.Pod]) -> None:
         """Apply one pod event."""
         pod = event.obj
-        if pod is None:
-            return
-        key = pod.key
-        if event.type is informer.EventType.DELETED or pod.terminated:
+        if pod is not None:
+            self.apply_pod(pod.key, pod, event.type is informer.EventType.DELETED)
+
+    def apply_pod(self, key: str, pod: objects.Pod, deleted: bool) -> None:
+        """Apply one pod event (``on_pod`` with the pod's key already made)."""
+        if deleted or pod.terminated:
             self.bad_pods.pop(key, None)
             self.cache.remove_pod(key)
             return
@@ -269,7 +271,7 @@ class Sync:
                 pod.metadata.annotations,
                 init_count=init,
                 container_count=init + len(pod.spec.containers),
-                sidecars=pod.sidecars,
+                sidecars=pod.sidecars if init else (),
             )
         except codec_errors.DecodeError as exc:
             if self.bad_pods.get(key) != str(exc):
@@ -277,7 +279,8 @@ class Sync:
             self.bad_pods[key] = str(exc)
             alloc = None
         else:
-            self.bad_pods.pop(key, None)
+            if self.bad_pods:
+                self.bad_pods.pop(key, None)
         cpu, memory = host_request(pod)
         if alloc is None:
             if not pod.spec.node_name or not (cpu or memory):

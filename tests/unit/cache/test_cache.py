@@ -299,3 +299,43 @@ def test_concurrent_assumes_never_overlap() -> None:
         t.join()
     assert sum(results) == 3
     assert c.snapshot().nodes["n"].usage[0] == nodes.CardUsage(3, 9000, 0)
+
+
+def test_pods_with_equal_grants_share_them_and_keep_equal_allocations() -> None:
+    c = fresh()
+    card = "".join(uuid("n", 0))  # a fresh string, equal to the inventory's UUID
+    a = alloc("n", ((card, 1000, 10),))
+    b = alloc("n", (("".join(card), 1000, 10),))
+    c.add_pod("".join("ns/a"), "ua", a)
+    c.assume("ns/b", "ub", b, 0.0)
+    got_a, got_b = c.pod_allocation("ns/a"), c.pod_allocation("ns/b")
+    assert got_a == a and got_b == b
+    assert got_a is not None and got_b is not None
+    assert got_a.containers[0][0] is got_b.containers[0][0]
+    usage = c.snapshot().nodes["n"].usage[0]
+    assert (usage.slots, usage.memory_mib, usage.cores) == (2, 2000, 20)
+    c.add_pod("ns/b", "ub", b)  # confirms the assumed pod: equal allocation, nothing recharged
+    assert c.pod_state("ns/b") is D and c.snapshot().nodes["n"].usage[0] == usage
+    c.remove_pod("ns/a")
+    c.remove_pod("ns/b")
+    assert c.snapshot().nodes["n"].usage[0] == nodes.EMPTY_CARD
+
+
+@pytest.mark.parametrize(
+    "containers,init_count",
+    [
+        ((((uuid("n", 0), 1000, 10),),), 0),  # the one-card fast path
+        ((((uuid("n", 0), 0, 0),),), 0),
+        ((((uuid("n", 0), 1000, 10), (uuid("n", 1), 2000, 0)),), 0),
+        ((((uuid("n", 0), 1000, 10),), ((uuid("n", 0), 500, 5),)), 0),
+        ((((uuid("n", 0), 3000, 10),), ((uuid("n", 0), 1000, 10),)), 1),
+    ],
+)
+def test_reservations_are_card_reservation_sorted(
+    containers: tuple[tuple[tuple[str, int, int], ...], ...], init_count: int
+) -> None:
+    c = fresh()
+    a = alloc("n", *containers, init_count=init_count)
+    for done in (False, True):
+        want = tuple(sorted(allocations.card_reservation(a, done).items()))
+        assert c._reservation(a, done) == want

@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from gpuslice.codec import keys, pod_devices, resources
-from gpuslice.kube import informer, kinds, objects
+from gpuslice.codec import keys, pod_devices
+from gpuslice.kube import informer, kinds, objects, sync
 from gpuslice.model import allocations
 from tests.unit.kube import fakeapi
 from tests.unit.kube.fakeapi import Reply, Request
@@ -107,11 +107,107 @@ async def test_informer_stores_pods_trimmed_and_they_decode_the_same() -> None:
         assert len(msgspec.json.encode(stored)) < 2048  # was over 200 KB
         full = original["metadata"]["annotations"]
         assert _allocation(kept) == _allocation(full) is not None
-        as_dict = msgspec.to_builtins(stored)
-        assert resources.parse_pod(as_dict) == resources.parse_pod(original)
+        assert stored == _expected(objects.decode_pod(json.dumps(original).encode()))
 
 
-def test_kinds_without_trim_keep_everything() -> None:
-    node = fakeapi.node("n", "1", {BIG_KEY: "x" * 1000, keys.NODE_REGISTER: "[]"})
-    decoded = kinds.NODES.decoder.decode(json.dumps(node).encode())
-    assert BIG_KEY in decoded.metadata.annotations
+def _expected(full: objects.Pod) -> objects.Pod:
+    """What the informer keeps of a fully decoded pod: ``trim_pod``, less the fields it skips
+    (containers keep their name, restartPolicy and host resources, cpu and memory)."""
+    trimmed = objects.trim_pod(full)
+    meta = msgspec.structs.replace(trimmed.metadata, labels={}, creation_timestamp=None, owner_references=[])
+
+    def host(m: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in m.items() if k in ("cpu", "memory")}
+
+    def names(cs: list[objects.Container]) -> list[objects.Container]:
+        return [
+            objects.Container(
+                name=c.name,
+                restart_policy=c.restart_policy,
+                resources=objects.ResourceRequirements(
+                    limits=host(c.resources.limits), requests=host(c.resources.requests)
+                ),
+            )
+            for c in cs
+        ]
+
+    spec = objects.PodSpec(
+        node_name=full.spec.node_name,
+        containers=names(full.spec.containers),
+        init_containers=names(full.spec.init_containers),
+    )
+    return objects.Pod(metadata=meta, spec=spec, status=full.status)
+
+
+def _rich_pod(big: bool) -> dict[str, Any]:
+    """A bound GPU pod as the apiserver returns it (labels, owner, resources, sidecar, statuses)."""
+    pod = _pod("rich", "42")
+    pod["metadata"]["annotations"].pop(BIG_KEY)
+    if big:  # an unrelated annotation taking the pod to the apiserver's 256 KB limit
+        used = sum(len(k) + len(v) for k, v in pod["metadata"]["annotations"].items()) + len(BIG_KEY)
+        pod["metadata"]["annotations"][BIG_KEY] = "x" * (256 * 1024 - used)
+    pod["metadata"] |= {
+        "labels": {"app": "train", keys.VGPU_NODE: "n1"},
+        "creationTimestamp": "2025-11-30T00:00:00Z",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u1"}],
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:metadata": {"f:annotations": {}}}}],
+    }
+    pod["spec"]["containers"][0]["resources"]["requests"] = {
+        "cpu": "2",
+        "memory": "8Gi",
+        "example.com/x": "1",
+    }
+    pod["spec"] |= {
+        "schedulerName": "gpuslice-scheduler",
+        "priority": 0,
+        "initContainers": [
+            {"name": "fetch", "image": "busybox", "resources": {"limits": {"cpu": "500m"}}},
+            {"name": "proxy", "image": "envoy", "restartPolicy": "Always"},
+        ],
+    }
+    pod["status"] |= {
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "initContainerStatuses": [{"name": "fetch", "state": {"terminated": {"exitCode": 0}}}],
+        "containerStatuses": [{"name": "c", "state": {"running": {}}}],
+    }
+    return pod
+
+
+def test_a_pod_with_256_kb_of_unrelated_annotations_decodes_to_the_same_stored_pod() -> None:
+    plain, big = json.dumps(_rich_pod(False)).encode(), json.dumps(_rich_pod(True)).encode()
+    assert len(big) - len(plain) > 250_000
+    stored = objects.decode_stored_pod(big)
+    assert stored == objects.decode_stored_pod(plain)
+    assert stored == _expected(objects.decode_pod(plain))
+    assert stored.inits_done and stored.sidecars == (1,) and stored.metadata.namespace == "ns"
+    full = objects.decode_pod(big)
+    assert sync.host_request(stored) == sync.host_request(full) == (2000, 8192)
+    assert BIG_KEY not in stored.metadata.annotations and len(msgspec.json.encode(stored)) < 2048
+    page = {"kind": "PodList", "metadata": {"resourceVersion": "50"}, "items": [_rich_pod(True)]}
+    listed = kinds.PODS.list_decoder.decode(json.dumps(page).encode())
+    assert listed.items == [stored]
+
+
+def test_stored_pods_share_their_repeated_parts() -> None:
+    a = objects.decode_stored_pod(json.dumps(_rich_pod(True)).encode())
+    other = _rich_pod(False)
+    other["metadata"]["name"] = "other"
+    b = objects.decode_stored_pod(json.dumps(other).encode())
+    assert a.spec.containers is b.spec.containers and a.spec.init_containers is b.spec.init_containers
+    assert a.metadata.labels is b.metadata.labels and a.metadata.namespace is b.metadata.namespace
+    ann_a, ann_b = a.metadata.annotations, b.metadata.annotations
+    assert ann_a[keys.VGPU_NODE] is ann_b[keys.VGPU_NODE] and a.spec.node_name is ann_a[keys.VGPU_NODE]
+
+
+def test_nodes_keep_only_gpu_annotations_and_kinds_without_wire_keep_everything() -> None:
+    node = fakeapi.node("n", "1", {BIG_KEY: "x" * 1000, keys.NODE_REGISTER: "[]", keys.NODE_LOCK: "l"})
+    node["metadata"]["labels"] = {"gpu": "on"}
+    node["status"] = {"allocatable": {"nvidia.com/gpu": "80"}, "images": [{"names": ["a"], "sizeBytes": 1}]}
+    raw = json.dumps(node).encode()
+    stored = kinds.NODES.decoder.decode(raw)
+    assert stored.metadata.annotations == {keys.NODE_REGISTER: "[]", keys.NODE_LOCK: "l"}
+    assert stored.metadata.labels == {} and stored.status.allocatable == {"nvidia.com/gpu": "80"}
+    whole = kinds.Kind("nodes", "/api/v1/nodes", objects.Node, lambda n: n.metadata)
+    decoded = whole.decoder.decode(raw)
+    assert BIG_KEY in decoded.metadata.annotations and decoded.metadata.labels == {"gpu": "on"}
+    assert decoded == objects.decode_node(raw)
