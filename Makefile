@@ -66,6 +66,7 @@ bench: $(STAMP) control-plane
 	$(PY) bench/bench_filter.py
 	$(PY) bench/bench_sim.py
 	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) $(PY) bench/bench_extender.py all
+	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) $(PY) bench/bench_fidelity.py
 
 clean:
 	rm -rf $(VENV) out
