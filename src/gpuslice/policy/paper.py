@@ -191,14 +191,7 @@ class GpuClustering(_BestCards):
         if d.gpus == 0:
             return registry.Scored(0)
         b = 25 * (MAX_SPEC_GPU - sum(free)) // MAX_SPEC_GPU
-        tags = shares.node_tags(state)
-        if tags == {d.tag}:
-            return registry.Scored(b + 75)
-        if d.tag in tags:
-            return registry.Scored(b + 50)
-        if not tags:
-            return registry.Scored(b + 25)
-        return registry.Scored(b)
+        return registry.Scored(b + _cluster_bonus(shares.node_tags(state), d.tag))
 
     def score_columns(
         self,
