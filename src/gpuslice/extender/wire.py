@@ -182,18 +182,7 @@ def to_extender_score(score: int) -> int:
     return (clamped * MAX_EXTENDER_PRIORITY * 2 + registry.MAX_SCORE) // (2 * registry.MAX_SCORE)
 
 
-_TABLE = tuple(to_extender_score(s) for s in range(registry.MAX_SCORE + 1))
-
-
-def priorities(scores: dict[str, int]) -> list[HostPriority]:
-    """The ``prioritize`` answer from internal 0..100 scores, in the input order."""
-    table, top = _TABLE, registry.MAX_SCORE
-    return [
-        HostPriority(name, table[s] if 0 <= s <= top else to_extender_score(s)) for name, s in scores.items()
-    ]
-
-
-_TABLE_NP = np.array(_TABLE, np.int64)
+_TABLE_NP = np.array([to_extender_score(s) for s in range(registry.MAX_SCORE + 1)], np.int64)
 _SCORE_TAILS = tuple(f"{v}}},".encode() for v in range(MAX_EXTENDER_PRIORITY + 1))
 _HOST_HEADS: dict[str, bytes] = {}
 _HOST_HEADS_MAX = 1 << 16
