@@ -143,6 +143,8 @@ class ClusterCache:
         self._cols = columns.ColumnsBuilder()
         self._last: snapshot.Snapshot | None = None
         self._usages: dict[nodes.CardUsage, nodes.CardUsage] = {}
+        self._models: dict[str, int] = {}  # cards per model over all nodes (``Snapshot.capacity``)
+        self._capacity: tuple[tuple[str, int], ...] | None = None
         self._grants: dict[allocations.DeviceGrant, allocations.DeviceGrant] = {}
 
     # ----- nodes
@@ -153,6 +155,9 @@ class ClusterCache:
             old = self._nodes.get(inventory.name)
             if old is not None and old.inventory == inventory:
                 return
+            if old is not None:
+                self._count_models(old.inventory, -1)
+            self._count_models(inventory, 1)
             self._nodes[inventory.name] = _Node(
                 inventory=inventory,
                 index={d.uuid: i for i, d in enumerate(inventory.devices)},
@@ -163,11 +168,24 @@ class ClusterCache:
                 self._charge_node(self._pods[key], 1)
             self._touch(inventory.name)
 
+    def _count_models(self, inventory: nodes.NodeInventory, sign: int) -> None:
+        """Add (1) or take away (-1) a node's cards from the cards-per-model count (under the lock)."""
+        for d in inventory.devices:
+            if d.type:
+                left = self._models.get(d.type, 0) + sign
+                if left:
+                    self._models[d.type] = left
+                else:
+                    self._models.pop(d.type, None)
+        self._capacity = None
+
     def remove_node(self, name: str) -> None:
         """Forget a node; its pods stay (as orphans) until removed or the node comes back."""
         with self._lock:
-            if self._nodes.pop(name, None) is None:
+            gone = self._nodes.pop(name, None)
+            if gone is None:
                 return
+            self._count_models(gone.inventory, -1)
             for key in self._by_node.get(name, ()):
                 pod = self._pods[key]
                 self._orphans[key] = tuple(snapshot.Orphan(name, u, key) for u, _ in pod.reservation)
@@ -296,6 +314,12 @@ class ClusterCache:
 
     # ----- snapshot
 
+    def _cards_per_model(self) -> tuple[tuple[str, int], ...]:
+        """``registry.Context.capacity`` of the registered nodes (recomputed after inventory changes)."""
+        if self._capacity is None:
+            self._capacity = tuple(sorted(self._models.items()))
+        return self._capacity
+
     def snapshot(self) -> snapshot.Snapshot:
         """An immutable view; only nodes changed since the last snapshot are rebuilt."""
         with self._lock:
@@ -332,6 +356,7 @@ class ClusterCache:
                 columns=cols,
                 quotas=types.MappingProxyType(views),
                 workload=self._hist.workload(),
+                capacity=self._cards_per_model(),
                 orphans=tuple(sorted(o for os in self._orphans.values() for o in os)),
             )
             return self._last

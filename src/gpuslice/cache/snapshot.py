@@ -41,6 +41,7 @@ class Snapshot:
         quotas: namespace -> quota view (limits plus current usage) for namespaces with limits.
         workload: recently seen pod shapes, for fragmentation-aware policies (None if none yet).
         orphans: grants on unknown nodes or cards.
+        capacity: the nodes' cards per model, sorted by model (``registry.Context.capacity``).
     """
 
     generation: int
@@ -49,6 +50,7 @@ class Snapshot:
     quotas: Mapping[str, _QuotaView] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     workload: registry.Workload | None = None
     orphans: tuple[Orphan, ...] = ()
+    capacity: tuple[tuple[str, int], ...] = ()
 
     def quota(self, namespace: str) -> _QuotaView | None:
         """The namespace's quota view, or None when it has no limits."""
@@ -59,5 +61,8 @@ def from_states(states: list[nodes.NodeState], generation: int = 0) -> Snapshot:
     """A snapshot of plain node states (tests and the simulator)."""
     by_name = {s.name: s for s in states}
     return Snapshot(
-        generation=generation, nodes=types.MappingProxyType(by_name), columns=columns.build(states)
+        generation=generation,
+        nodes=types.MappingProxyType(by_name),
+        columns=columns.build(states),
+        capacity=registry.model_capacity(d.type for s in states for d in s.inventory.devices),
     )

@@ -35,6 +35,8 @@ IntArray = columns.IntArray
 BoolArray = npt.NDArray[np.bool_]
 ShapeUnits = tuple[int, int, int, int, tuple[str, ...]]
 """A GPU shape of a measure: (weight in ``fragscore.UNIT``, CPU milli, share milli, count, types)."""
+Weights = tuple[int, tuple[int, ...]]
+"""The weights a measure sums on one model's nodes: (CPU-only shapes, each GPU shape in order)."""
 
 _FLAG, _FREE_MEM, _FREE_CORES, _TOTAL_MEM, _TOTAL_CORES = (
     columns.HOT_FIELDS.index(f) for f in ("flag", "free_mem", "free_cores", "total_mem", "total_cores")
@@ -176,23 +178,38 @@ class Plan:
     The level of a free CPU is the number of boundaries it reaches: the FGD shapes' CPUs and the
     repeated shapes' multiples ``t * cpu_s`` (t <= K), between which neither test changes.
 
+    The weights may differ by model (``weights``: fgd-lookahead's model-aware measure), so ``W`` is
+    per row, read from the row's model like the tables.
+
     Args:
         gpu: the measure's GPU shapes.
-        cpu_only: the summed weight of its CPU-only shapes.
+        weights: the weights on a model's nodes (``Fragmentation.model_weights``).
         repeated: fgd-lookahead's measure (sharing shapes counted as repeated tasks).
         width: cards per row of the columns.
         types: the columns' card models (the tables have one slice per model when shapes are typed).
     """
 
     def __init__(
-        self, gpu: Sequence[ShapeUnits], cpu_only: int, repeated: bool, width: int, types: tuple[str, ...]
+        self,
+        gpu: Sequence[ShapeUnits],
+        weights: Callable[[str], Weights],
+        repeated: bool,
+        width: int,
+        types: tuple[str, ...],
     ) -> None:
         k = width
         self.width = k
         self._u = np.arange(k)[:, None]
-        self.wsum = cpu_only + sum(s[0] for s in gpu)
         self.typed = any(s[4] for s in gpu) and bool(types)
-        kept = [s for s in gpu if s[3] <= k]  # a shape of more cards than any node never fits: 0
+        models = types if self.typed else ("",)
+        per_model = [weights(name) for name in models]
+        self._wsums = np.array([c + sum(w) for c, w in per_model], np.int64)
+        self.wsum = int(self._wsums[0])
+        keep = [i for i, s in enumerate(gpu) if s[3] <= k]  # a shape of more cards than any node never fits
+        self._w_models = np.array([[w[i] for i in keep] for _, w in per_model], np.int64).reshape(
+            len(models), len(keep)
+        )
+        kept = [gpu[i] for i in keep]
         columns_ = list(zip(*kept, strict=True)) or [(), (), (), (), ()]
         numbers = np.array(columns_[:4], np.int64).reshape(4, len(kept))  # w, cpu, share, count
         rep = (numbers[2] < _FULL) if repeated else np.zeros(len(kept), np.bool_)
@@ -228,7 +245,7 @@ class Plan:
         k = self.width
         part = np.array(idx, np.int64)
         part = part[np.argsort(numbers[2, part], kind="stable")]  # share order
-        w, cpu, share = numbers[0, part], numbers[1, part], numbers[2, part]
+        cpu, share = numbers[1, part], numbers[2, part]
         is_rep = rep[part]
         width = k if is_rep.any() else 1
         # A shape counts at CPU level l for u cards iff the level's least CPU reaches a threshold:
@@ -237,7 +254,7 @@ class Plan:
         need = np.where(cpu[:, None] > 0, tasks[None, :] * cpu[:, None], -(1 << 63))
         need = np.where(is_rep[:, None], need, cpu[:, None])  # (S, width)
         counts = floors[:, None, None] >= need[None]  # (levels, S, width)
-        weights = allowed[:, part] * w  # (models, S)
+        weights = allowed[:, part] * self._w_models[:, part]  # (models, S)
         table = np.zeros((len(weights) * self.levels, len(part) + 1, width), np.int64)
         np.cumsum(
             (counts[None] * weights[:, None, :, None]).reshape(len(weights) * self.levels, len(part), width),
@@ -300,6 +317,7 @@ class Plan:
         valid = np.arange(k)[:, None] < view.ncards if masked else None
         level = self.level(view.cpu, models)
         after_level = level if not d.cpu_milli else self.level(view.cpu - d.cpu_milli, models)
+        wsum = self._wsums[models] if models is not None else self.wsum
         asc = np.sort(free, axis=1)
         desc = _descending(asc)
         look = _look(desc, valid)
@@ -310,12 +328,10 @@ class Plan:
                 full = free >= _FULL  # padding holds 0
                 after = np.where(full & (np.cumsum(full, axis=1) <= d.gpus), 0, free)
             moved = _descending(np.sort(after, axis=1))
-            old = self.wsum * total - self.used(desc, look, level, self._classes)
-            new = self.wsum * moved.sum(axis=0) - self.used(
-                moved, _look(moved, valid), after_level, self._classes
-            )
+            old = wsum * total - self.used(desc, look, level, self._classes)
+            new = wsum * moved.sum(axis=0) - self.used(moved, _look(moved, valid), after_level, self._classes)
             return fragscore.scores(old - new)
-        return self._sharing(asc, desc, look, valid, total, level, after_level, d.share_milli)
+        return self._sharing(asc, desc, look, valid, total, wsum, level, after_level, d.share_milli)
 
     def _sharing(
         self,
@@ -324,6 +340,7 @@ class Plan:
         look: IntArray,
         valid: BoolArray | None,
         total: IntArray,
+        wsum: IntArray | int,
         level: IntArray,
         after_level: IntArray,
         share: int,
@@ -340,8 +357,8 @@ class Plan:
         first, rest = (self._classes[0], self._classes[1:]) if self._classes else (None, [])
         if first is not None and first.positions is not None:
             first, rest = None, self._classes
-        old = self.wsum * total
-        new_row = self.wsum * (total - share)
+        old = wsum * total
+        new_row = wsum * (total - share)
         terms = None
         if first is not None:
             terms = desc * self._weights(first, look, after_level)

@@ -131,6 +131,14 @@ class Fragmentation:
             out += p * (below[i] if cpu_free >= cpu and n - i >= count else total)
         return out
 
+    def model_weights(self, model: str) -> fragcolumns.Weights:
+        """The weights F sums on a node of this model: (CPU-only shapes, each GPU shape in order).
+
+        FGD weighs every shape the same on every node (a shape the model cannot serve counts all
+        free cards as fragments); fgd-lookahead overrides this.
+        """
+        return self._cpu_only, tuple(p for p, *_ in self._gpu)
+
     def plan(self, width: int, types: tuple[str, ...]) -> fragcolumns.Plan:
         """The batch path's tables for nodes of at most ``width`` cards whose models are ``types``."""
         key = (width, types)
@@ -138,7 +146,7 @@ class Fragmentation:
         if got is None:
             if len(self._plans) >= 8:
                 self._plans.clear()
-            got = fragcolumns.Plan(self._gpu, self._cpu_only, self.REPEATED, width, types)
+            got = fragcolumns.Plan(self._gpu, self.model_weights, self.REPEATED, width, types)
             self._plans[key] = got
         return got
 
@@ -189,7 +197,7 @@ def fgd_choice(
     return max(best, 0), card
 
 
-class FGD:
+class FGD(registry.Learned):
     """The FGD policy.
 
     ``ctx.workload`` is the observed shape histogram (the pod itself if absent); FGD measures
@@ -200,20 +208,28 @@ class FGD:
 
     def __init__(self) -> None:
         self._source: registry.Workload | None = None
+        self._capacity: tuple[tuple[str, int], ...] = ()
         self._frag: Fragmentation | None = None
 
     def fragmentation(self, ctx: registry.Context, d: shares.Demand) -> Fragmentation:
-        """The memoized measure for the context's workload (rebuilt when the workload changes)."""
+        """The memoized measure for the context's workload and capacity (rebuilt when either changes)."""
         workload = ctx.workload or registry.Workload((shares.shape_of(d),), (1.0,))
         cached = self._frag
-        if cached is not None and (self._source is workload or self._source == workload):
+        if (
+            cached is not None
+            and (self._source is workload or self._source == workload)
+            and (self._capacity is ctx.capacity or self._capacity == ctx.capacity)
+        ):
             return cached
         self._source = workload
-        self._frag = self.measure_for(workload)
+        self._capacity = ctx.capacity
+        self._frag = self.measure_for(workload, ctx.capacity)
         return self._frag
 
-    def measure_for(self, workload: registry.Workload) -> Fragmentation:
-        """The memoized measure for a workload histogram (FGD: its top shapes)."""
+    def measure_for(
+        self, workload: registry.Workload, capacity: tuple[tuple[str, int], ...] = ()
+    ) -> Fragmentation:
+        """The memoized measure for a workload histogram (FGD: its top shapes; capacity unused)."""
         return Fragmentation(top_shapes(workload))
 
     def score_node(

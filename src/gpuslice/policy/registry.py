@@ -17,7 +17,7 @@ serve at either level. Unknown names fail when the registry is asked, i.e. at st
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple, Protocol
 
 import msgspec
@@ -60,6 +60,9 @@ class Context:
         workload: the target workload for fragmentation-aware policies (from the trace in the
             simulator, from recently seen requests in the extender); None = not available.
         rng: random source for the ``random`` policy; None = deterministic (first choice).
+        capacity: the cluster's cards per model, sorted by model (``model_capacity``); fgd-lookahead
+            weighs a model-constrained shape by the share of the cluster it can use. Empty = unknown
+            (every shape counts as able to use every card).
         card_weights: the pod's card-score weights (``hami.io/device-scoring-weights``); the
             usage-ordered card policies (binpack, spread and chains of them) rank cards by HAMi's
             weighted card score when set. ``fit.place`` fills it in from the pod.
@@ -68,9 +71,19 @@ class Context:
     workload: Workload | None = None
     rng: np.random.Generator | None = None
     card_weights: requests.ScoringWeights | None = None
+    capacity: tuple[tuple[str, int], ...] = ()
 
 
 EMPTY_CONTEXT = Context()
+
+
+def model_capacity(models: Iterable[str]) -> tuple[tuple[str, int], ...]:
+    """``Context.capacity`` from the model of every card in the cluster (empty names skipped)."""
+    counts: dict[str, int] = {}
+    for m in models:
+        if m:
+            counts[m] = counts.get(m, 0) + 1
+    return tuple(sorted(counts.items()))
 
 
 class Filtered:
@@ -82,6 +95,20 @@ class Filtered:
     """
 
     idle_only: bool = False
+
+
+class Learned:
+    """Base of node policies that score against ``Context.workload`` (FGD and its kin).
+
+    Callers that learn the workload online (the extender's cache, the simulator's online mode) give
+    such a policy no workload until the histogram is trusted, and score with a fallback policy
+    meanwhile (``learns_workload``).
+    """
+
+
+def learns_workload(policy: Policy) -> bool:
+    """True when the policy scores against the target workload (``Learned``)."""
+    return isinstance(policy, Learned)
 
 
 def idle_only(policy: Policy) -> bool:

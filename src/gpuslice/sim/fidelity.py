@@ -264,7 +264,10 @@ def simulate(sl: Slice, policy: str, workload_mode: str = "online") -> Run:
     histogram = shapes.ShapeHistogram() if workload_mode == "online" else None
     if workload_mode not in ("online", "oracle"):
         raise ValueError(f"unknown workload mode {workload_mode!r}")
-    ctx = registry.Context(workload=None if histogram is not None else workload.histogram(sl.pods))
+    ctx = registry.Context(
+        workload=None if histogram is not None else workload.histogram(sl.pods),
+        capacity=registry.model_capacity(d.type for inv in sl.nodes for d in inv.devices),
+    )
     placer = engine.Placer(live, registry.get(policy), ctx, histogram)
     index = [{d.uuid: d.index for d in inv.devices} for inv in sl.nodes]
     out: list[Placement | None] = []

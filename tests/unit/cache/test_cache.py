@@ -339,3 +339,17 @@ def test_reservations_are_card_reservation_sorted(
     for done in (False, True):
         want = tuple(sorted(allocations.card_reservation(a, done).items()))
         assert c._reservation(a, done) == want
+
+
+def test_snapshot_counts_cards_per_model_and_follows_inventory_changes() -> None:
+    c = cache_mod.ClusterCache()
+    c.upsert_node(node("a").gpus(4, model="T4").inventory())
+    c.upsert_node(node("b").gpus(8, model="G2").inventory())
+    assert c.snapshot().capacity == (("G2", 8), ("T4", 4))
+    # a node whose cards change model moves its count; a removed node takes its cards away
+    c.upsert_node(node("a").gpus(2, model="G2").inventory())
+    assert c.snapshot().capacity == (("G2", 10),)
+    c.remove_node("b")
+    assert c.snapshot().capacity == (("G2", 2),)
+    c.remove_node("a")
+    assert c.snapshot().capacity == ()

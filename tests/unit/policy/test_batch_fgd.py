@@ -64,6 +64,29 @@ def fast_pods(draw: st.DrawFn) -> requests.PodRequest:
     )
 
 
+MODEL_NAMES = (
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA-Tesla V100-PCIE-32GB",
+    "NVIDIA H100 80GB HBM3",
+    "A100",
+    "V100",
+)
+
+
+@st.composite
+def capacities(draw: st.DrawFn, states: tuple[nodes.NodeState, ...]) -> tuple[tuple[str, int], ...]:
+    """``Context.capacity``: unknown, the states' own cards, or any counts over their models and others."""
+    mode = draw(st.sampled_from(("none", "cluster", "drawn")))
+    if mode == "none":
+        return ()
+    models = [d.type for s in states for d in s.inventory.devices]
+    if mode == "cluster":
+        return registry.model_capacity(models)
+    names = sorted({*models, *MODEL_NAMES} - {""})
+    counts = draw(st.lists(st.integers(0, 64), min_size=len(names), max_size=len(names)))
+    return tuple((n, c) for n, c in zip(names, counts, strict=True) if c > 0)
+
+
 cluster = st.integers(1, 7).flatmap(
     lambda n: st.tuples(*[strategies.node_states(name=f"n{i}", max_cards=8) for i in range(n)])
 )
@@ -72,7 +95,11 @@ cluster = st.integers(1, 7).flatmap(
 @pytest.mark.parametrize("policy_name", POLICIES)
 @settings(max_examples=300, deadline=None)
 @given(
-    states=cluster, req=fast_pods(), workload=workloads(), card_value=st.sampled_from(("binpack", "mutex"))
+    states=cluster,
+    req=fast_pods(),
+    workload=workloads(),
+    card_value=st.sampled_from(("binpack", "mutex")),
+    data=st.data(),
 )
 def test_fast_path_matches_exact_path(
     policy_name: str,
@@ -80,10 +107,11 @@ def test_fast_path_matches_exact_path(
     req: requests.PodRequest,
     workload: registry.Workload | None,
     card_value: str,
+    data: st.DataObject,
 ) -> None:
     policy = registry.get(policy_name)
     card = chains.card_policy(card_value)
-    ctx = registry.Context(workload=workload)
+    ctx = registry.Context(workload=workload, capacity=data.draw(capacities(states)))
     by_name = {s.name: s for s in states}
     cols = columns.build(list(states))
     names = [s.name for s in states] + ["ghost"]
@@ -106,16 +134,18 @@ def test_fast_path_matches_exact_path(
     ),
     req=fast_pods(),
     workload=workloads(),
+    data=st.data(),
 )
 def test_score_columns_equals_score_node_on_every_row(
     policy_name: str,
     states: tuple[nodes.NodeState, ...],
     req: requests.PodRequest,
     workload: registry.Workload | None,
+    data: st.DataObject,
 ) -> None:
     # every row, feasible or not, nodes of up to 16 cards and without cards: the kernel is total
     policy = registry.get(policy_name)
-    ctx = registry.Context(workload=workload)
+    ctx = registry.Context(workload=workload, capacity=data.draw(capacities(states)))
     cols = columns.build(list(states))
     got = policy.score_columns(cols, cols.rows([s.name for s in states]), req, ctx)  # type: ignore[attr-defined]
     assert got.tolist() == [policy.score_node(s, req, ctx).score for s in states]
@@ -296,7 +326,8 @@ def test_mixed_models_and_card_memories(policy_name: str, request_: requests.Con
         ),
         (0.4, 0.3, 0.2, 0.1),
     )
-    ctx = registry.Context(workload=m)
+    # the A100 shape is scarce here: half the GPU demand (300 of 600 milli) can use only a third of the cards
+    ctx = registry.Context(workload=m, capacity=((a100, 4), (v100, 8)))
     policy = registry.get(policy_name)
     req = requests.PodRequest(name="p", containers=(request_,), cpu_milli=2000)
     cols = columns.build(states)

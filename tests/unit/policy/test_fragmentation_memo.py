@@ -49,11 +49,24 @@ free_cards = st.lists(free_milli, min_size=1, max_size=16).map(tuple)
 MEASURES = {"fgd": fragmentation.Fragmentation, "fgd-lookahead": lookahead.RepeatedFragmentation}
 
 
+def weights(measure: str, workload: registry.Workload, model: str) -> tuple[int, ...]:
+    """The weights on a node of ``model``: the histogram's (FGD), or, for fgd-lookahead without a
+    capacity (every shape reaches every card, none is scarce), each shape the model serves weighs
+    ``p / Z`` with Z the weight of those shapes (CPU-only ones included) and the others 0."""
+    if measure == "fgd":
+        return fragscore.quantize(workload.weights)
+    pairs = list(zip(workload.shapes, workload.weights, strict=True))
+    serves = [s.count == 0 or shares.type_allowed(model, s.types) for s, _ in pairs]
+    cpu = sum(p for s, p in pairs if s.count == 0)
+    z = cpu + sum(p for (s, p), ok in zip(pairs, serves, strict=True) if ok and s.count > 0)
+    return fragscore.quantize([p / z if ok else 0.0 for (_, p), ok in zip(pairs, serves, strict=True)])
+
+
 def reference(measure: str, workload: registry.Workload, model: str, cpu: int, free: tuple[int, ...]) -> int:
     """F = sum_m w_m F_n(m), each term straight from its definition (module docstrings)."""
     total = sum(free)
     out = 0
-    for s, w in zip(workload.shapes, fragscore.quantize(workload.weights), strict=True):
+    for s, w in zip(workload.shapes, weights(measure, workload, model), strict=True):
         fit = [f for f in free if f >= s.share_milli]
         if s.count == 0 or not shares.type_allowed(model, s.types):
             out += w * total

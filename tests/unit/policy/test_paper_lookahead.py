@@ -77,3 +77,65 @@ def test_lookahead_memo_tells_cpu_levels_apart_past_eight_cards() -> None:
     assert frag.of("G2", 48000, free) == 4000 * unit
     assert frag.of("G2", 64000, free) == 0
     assert frag.of("G2", 48000, (1000,) * 8) == 0  # an 8-card node on the shared table still
+
+
+# Model-aware weights: a cluster of 8 T4 cards and 24 G2 cards (T4 reach 8 / 32 = 0.25).
+CAP = (("G2", 24), ("T4", 8))
+ANY = registry.Shape(cpu_milli=0, share_milli=1000, count=1)
+PIN = registry.Shape(cpu_milli=0, share_milli=1000, count=1, types=("T4",))
+CPU = registry.Shape(cpu_milli=4000, share_milli=0, count=0)
+
+
+def _weights(measure: lookahead.RepeatedFragmentation, model: str) -> tuple[float, ...]:
+    cpu, gpu = measure.model_weights(model)
+    return (cpu / fragmentation.UNIT, *(w / fragmentation.UNIT for w in gpu))
+
+
+def test_model_weights_without_scarcity() -> None:
+    # p = (CPU 0.2, ANY 0.7, PIN 0.1). a = p / reach: CPU 0.2, ANY 0.7, PIN 0.1 / 0.25 = 0.4.
+    # PIN's demand share is 0.1 / 0.8 = 0.125 of the GPU demand on 0.25 of the cards: pi = 0.5, not scarce.
+    m = registry.Workload((CPU, ANY, PIN), (0.2, 0.7, 0.1))
+    f = lookahead.RepeatedFragmentation(m, capacity=CAP)
+    # T4 node serves all: Z = 0.2 + 0.7 + 0.4 = 1.3 -> CPU 0.2 / 1.3, ANY 0.7 / 1.3, PIN 0.4 / 1.3
+    assert _weights(f, "T4") == pytest.approx((0.2 / 1.3, 0.7 / 1.3, 0.4 / 1.3))
+    # G2 node serves CPU and ANY: Z = 0.9; PIN is not scarce -> 0 (other nodes take it)
+    assert _weights(f, "G2") == pytest.approx((0.2 / 0.9, 0.7 / 0.9, 0.0))
+
+
+def test_model_weights_with_scarcity() -> None:
+    # p = (ANY 0.6, PIN 0.4): PIN is 0.4 of the GPU demand on 0.25 of the cards, pi = 1.6 -> scarce.
+    # a: ANY 0.6, PIN 0.4 / 0.25 = 1.6; G = 2.2.
+    m = registry.Workload((ANY, PIN), (0.6, 0.4))
+    f = lookahead.RepeatedFragmentation(m, capacity=CAP)
+    assert _weights(f, "T4") == pytest.approx((0.0, 0.6 / 2.2, 1.6 / 2.2))
+    # G2 cannot serve PIN, which is scarce: it weighs a / G = 1.6 / 2.2, so G2's free cards count as
+    # fragments for it and a pod that fills them lowers F there by 1.6 / 2.2 per milli on top
+    assert _weights(f, "G2") == pytest.approx((0.0, 0.6 / 0.6, 1.6 / 2.2))
+
+
+def test_unknown_capacity_weighs_like_the_histogram_on_untyped_workloads() -> None:
+    m = registry.Workload((CPU, ANY, S), (0.2, 0.5, 0.3))
+    for model in ("T4", "G2"):
+        got = lookahead.RepeatedFragmentation(m, capacity=CAP).model_weights(model)
+        assert got == lookahead.RepeatedFragmentation(m).model_weights(model)
+        assert got == (fragmentation.quantize([0.2])[0], fragmentation.quantize([0.5, 0.3]))
+
+
+def test_scarce_model_keeps_flexible_pods_away() -> None:
+    # One whole-card pod that can go anywhere; a T4 node and a G2 node, both empty with two cards.
+    # Under a workload where T4-pinned demand is scarce, the G2 node scores higher: on T4 the pod
+    # removes a card the pinned shape could use (F unchanged: no slivers either way) while on G2 it
+    # fills cards that count as fragments for the pinned shape (F falls by 1.6 / 2.2 * 1000).
+    m = registry.Workload((ANY, PIN), (0.6, 0.4))
+    ctx = registry.Context(workload=m, capacity=CAP)
+    pod = sim_pod(cpu=0, share=1000, count=1).request
+    t4 = sim_state((1000, 1000), cpu=64000, model="T4")
+    g2 = sim_state((1000, 1000), cpu=64000, model="G2")
+    policy = lookahead.Lookahead()
+    s_t4 = policy.score_node(t4, pod, ctx).score
+    s_g2 = policy.score_node(g2, pod, ctx).score
+    assert s_t4 == 50  # dF = 0
+    assert s_g2 == int(100 / (1 + math.exp(-1.6 / 2.2))) == 67
+    # FGD sees both alike: PIN counts all free cards as fragments off T4 with its plain weight 0.4,
+    # so on G2 F falls by 400 -> int(100 * sigmoid(0.4)) = 59, and 50 on T4
+    assert fragmentation.FGD().score_node(g2, pod, ctx).score == 59
