@@ -16,12 +16,15 @@ from typing import Any
 import pytest
 
 from gpuslice.cache import cache as cluster_cache
+from gpuslice.cache import shapes
 from gpuslice.codec import keys, pod_devices
 from gpuslice.devcluster import nodesim
 from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events, pods, sync
 from gpuslice.model import allocations, status
+from gpuslice.model import config as model_config
+from gpuslice.policy import registry
 from tests.integration import kubehelpers as h
 from tests.integration.conftest import unique
 
@@ -137,3 +140,48 @@ def _events(control_plane: ControlPlane, namespace: str) -> list[dict[str, Any]]
     assert status_code == 200, body
     items: list[dict[str, Any]] = body["items"]
     return items
+
+
+def _labelled_pod(name: str, label: str, cpu: str, *, gpus: int = 0, node: str = "") -> dict[str, Any]:
+    body = h.pod_body(name, gpus=gpus, node_name=node or None)
+    body["metadata"]["labels"] = {"gpuslice.io/test": label}
+    resources = body["spec"]["containers"][0]["resources"]
+    resources["requests"] = {"cpu": cpu}
+    return body
+
+
+async def test_pending_pods_without_gpus_enter_the_target_workload(
+    control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str
+) -> None:
+    # FGD's target workload includes pods that ask no GPU; the filter never sees them, so the pod
+    # feed observes each one once, when it first sees it pending. GPU pods are the filter's.
+    label = unique("observe")
+    histogram = shapes.ShapeHistogram(model_config.WorkloadSettings(min_count=1, drift=0.0))
+    cache = cluster_cache.ClusterCache(histogram)
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    for body in (
+        _labelled_pod("cpu-a", label, "1500m"),
+        _labelled_pod("cpu-b", label, "1500m"),
+        _labelled_pod("cpu-c", label, "250m"),
+        _labelled_pod("gpu", label, "4", gpus=1),  # the filter observes it, not the feed
+        _labelled_pod("bound", label, "2", node="somewhere"),  # already placed: not an arrival
+    ):
+        code, got = control_plane.api_request("POST", path, body)
+        assert code == 201, got
+    s = sync.Sync(kube, cache, pod_selector=f"gpuslice.io/test={label}")
+    async with s:
+        await eventually(s.readiness)
+        await eventually(lambda: histogram.count == 3)
+        # an update of an observed pod is not a new arrival
+        control_plane.api_request("PATCH", f"{path}/cpu-a", {"metadata": {"annotations": {"x": "1"}}})
+        h.create_pod(control_plane, namespace, "unlabelled")  # outside the selector: never seen
+        code, got = control_plane.api_request("POST", path, _labelled_pod("cpu-d", label, "250m"))
+        assert code == 201, got
+        await eventually(lambda: histogram.count == 4)
+        await asyncio.sleep(0.3)
+    assert histogram.count == 4
+    got_weights = histogram.weights()
+    assert set(got_weights) == {
+        registry.Shape(cpu_milli=1500, share_milli=0, count=0),
+        registry.Shape(cpu_milli=250, share_milli=0, count=0),
+    }

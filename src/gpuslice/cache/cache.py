@@ -205,10 +205,14 @@ class ClusterCache:
             self._gen += 1
 
     def observe_request(self, shape: registry.Shape) -> None:
-        """Record a requested pod shape for the target-workload histogram."""
+        """Record a requested pod shape for the target-workload histogram.
+
+        The snapshot changes only when the histogram re-takes its target workload (``drift``), so
+        only then does a new generation start.
+        """
         with self._lock:
-            self._hist.observe(shape)
-            self._gen += 1
+            if self._hist.observe(shape):
+                self._gen += 1
 
     # ----- pods
 

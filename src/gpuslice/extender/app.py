@@ -160,7 +160,9 @@ class _Shapes:
     Each hand-over bumps the cache generation (a snapshot rebuild); batching (the default period
     is a second) keeps that off the per-request path, as the fragmentation-aware policies do not
     need per-request freshness. Period 0 hands each shape over before its pod is scored, as the
-    simulator's online workload does.
+    simulator's online workload does. The histogram applies its rules (``workload_*`` settings,
+    docs/workload.md) request by request either way; the policies see its snapshot, which changes
+    only when the learned weights drift by ``workload_drift``.
     """
 
     def __init__(self, cache: view.Cache, period_s: float = 1.0) -> None:
@@ -428,7 +430,8 @@ class Handlers:
             else:
                 scores = scheduling.rescore(snap, pod, names, deps.policies, self.log, filtered)
             deps.flow.remember_scores(pod.uid, names, scores)
-            scores = scheduling.candidate_step(deps.policies.node(pod), scores, scheduling.context(snap))
+            ctx = scheduling.context(snap)
+            scores = scheduling.candidate_step(deps.policies.node(pod, ctx), scores, ctx)
         if ranks:
             wire_scores = scheduling.rank_scores(names, scores, wire.MAX_EXTENDER_PRIORITY)
         else:

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from gpuslice.cache import shapes
 from gpuslice.codec import goparse
 from gpuslice.model import config as model_config
 from gpuslice.policy import chains, registry
@@ -53,6 +54,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         workload_period_s: how often the shapes of newly filtered pods are handed to the cache's
             histogram (FGD's target workload); 0 = at once, before the pod is scored (each hand-over
             rebuilds the snapshot's workload, so a busy extender batches them).
+        workload_decay: how the target workload of FGD-style node policies is learned from the
+            requests seen (``model.config.WorkloadSettings``, docs/workload.md): a request seen k
+            requests ago weighs ``decay**k``.
+        workload_window: only this many most recent requests count (0 = all).
+        workload_min_count: requests seen before the learned workload is trusted.
+        workload_fallback: the policy (any registered name) that stands in for a policy learning
+            the workload (fgd, fgd-lookahead) until it is trusted, at node and card level; ``pod``
+            keeps the learning policy, measuring against each pod's own shape.
+        workload_drift: the workload the policies see is re-taken from the histogram only when
+            it has drifted by this total-variation distance (0 = after every request).
         memory_scaling: multiplies every card's registered memory (overcommit when > 1).
         core_scaling: multiplies every card's registered cores.
         memory_factor: multiplies ``nvidia.com/gpumem`` requests and quota limits (HAMi).
@@ -134,6 +145,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     card_policy: str = "spread"
     node_choice: str = model_config.DEFAULT_NODE_CHOICE
     workload_period_s: float = 1.0
+    workload_decay: float = model_config.DEFAULT_WORKLOAD.decay
+    workload_window: int = model_config.DEFAULT_WORKLOAD.window
+    workload_min_count: int = model_config.DEFAULT_WORKLOAD.min_count
+    workload_fallback: str = model_config.DEFAULT_WORKLOAD.fallback
+    workload_drift: float = model_config.DEFAULT_WORKLOAD.drift
     memory_scaling: float = 1.0
     core_scaling: float = 1.0
     memory_factor: int = 1
@@ -207,6 +223,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def resource_names(self) -> model_config.ResourceNames:
         """The configured resource names."""
         return model_config.resource_names({s: getattr(self, s) for s in model_config.NAME_SETTINGS})
+
+    @property
+    def workload(self) -> model_config.WorkloadSettings:
+        """How the target workload is learned (the ``workload_*`` settings)."""
+        return model_config.workload_settings({s: getattr(self, s) for s in model_config.WORKLOAD_SETTINGS})
 
     @property
     def request_config(self) -> model_config.RequestConfig:
@@ -353,6 +374,7 @@ def validate(values: Mapping[str, Any]) -> Settings:
         problems.append(f"node_choice: expected one of {known}, got {settings.node_choice!r}")
     if not settings.workload_period_s >= 0:
         problems.append("workload_period_s must be >= 0")
+    problems.extend(str(err) for err in shapes.errors(settings.workload))
     if settings.memory_scaling <= 0 or settings.core_scaling <= 0:
         problems.append("memory_scaling and core_scaling must be > 0")
     if settings.memory_factor < 1:

@@ -10,6 +10,12 @@ policy's candidate step, e.g. BestFit's normalisation), then the lower node name
 (``batch.best_first``).
 With ``node_choice: extender`` the filter answers only the first node in that order that the card
 policy accepts; with ``rank`` prioritize answers that order as ranks (``docs/node-choice.md``).
+
+While the learned target workload is untrusted (the snapshot's workload is None, see
+``cache.shapes``), a policy that learns it (``registry.learns_workload``: fgd, fgd-lookahead) is
+replaced by the configured ``workload_fallback`` policy, at node level (``Policies.node`` given the
+context) and at card level (``Policies.card`` wraps it to choose by the context it is asked with),
+as the simulator's ``engine.Placer`` does; docs/workload.md.
 """
 
 from __future__ import annotations
@@ -45,17 +51,25 @@ class Policies:
     card_default: str
     choice: str = model_config.DEFAULT_NODE_CHOICE
     """How the node choice reaches kube-scheduler (``model.config.NODE_CHOICES``)."""
+    fallback: str = model_config.DEFAULT_WORKLOAD.fallback
+    """The policy standing in for learning ones while the workload is untrusted (``pod``: none)."""
 
     @classmethod
     def build(
-        cls, node_default: str, card_default: str, choice: str = model_config.DEFAULT_NODE_CHOICE
+        cls,
+        node_default: str,
+        card_default: str,
+        choice: str = model_config.DEFAULT_NODE_CHOICE,
+        fallback: str = model_config.DEFAULT_WORKLOAD.fallback,
     ) -> Policies:
-        """Build all registered policies (unknown defaults raise ``UnknownPolicyError``)."""
+        """Build all registered policies (unknown defaults or fallback raise ``UnknownPolicyError``)."""
         if choice not in model_config.NODE_CHOICES:
             raise ValueError(f"node choice must be one of {', '.join(model_config.NODE_CHOICES)}")
         built = {name: registry.get(name) for name in registry.names()}
         registry.get(node_default), chains.card_policy(card_default)
-        return cls(built, node_default, card_default, choice)
+        if fallback != model_config.WORKLOAD_FALLBACK_POD:
+            registry.get(fallback)
+        return cls(built, node_default, card_default, choice, fallback)
 
     @property
     def extender_decides(self) -> bool:
@@ -67,10 +81,23 @@ class Policies:
         """True when prioritize answers ranks (``extender`` and ``rank``), False for ``blend``."""
         return self.choice != "blend"
 
-    def node(self, pod: requests.PodRequest) -> registry.Policy:
-        """The pod's node policy: its override when registered, else the configured default."""
+    def node(self, pod: requests.PodRequest, ctx: registry.Context | None = None) -> registry.Policy:
+        """The pod's node policy: its override when registered, else the configured default.
+
+        Given the context the pod is scored with, a policy that learns the workload gives way to the
+        fallback while the context has no workload (the histogram is untrusted).
+        """
         policy = self.by_name.get(pod.node_policy) if pod.node_policy else None
-        return policy or self.by_name[self.node_default]
+        policy = policy or self.by_name[self.node_default]
+        if ctx is not None and ctx.workload is None:
+            return self._untrusted(policy)
+        return policy
+
+    def _untrusted(self, policy: registry.Policy) -> registry.Policy:
+        """``policy`` while the workload is untrusted: the fallback when it learns the workload."""
+        if self.fallback == model_config.WORKLOAD_FALLBACK_POD or not registry.learns_workload(policy):
+            return policy
+        return self.by_name[self.fallback]
 
     def card(self, pod: requests.PodRequest) -> registry.Policy:
         """The pod's card policy (its override when valid, else the default), bound to the pod.
@@ -82,7 +109,12 @@ class Policies:
         if self._card_problem(name) is not None:
             name = self.card_default
         policy = self.by_name.get(name)
-        return chains.card_policy(name) if policy is None else shares.PodBound(policy, pod)
+        if policy is None:
+            return chains.card_policy(name)
+        fallback = self._untrusted(policy)
+        if fallback is not policy:
+            return UntilTrusted(shares.PodBound(policy, pod), shares.PodBound(fallback, pod))
+        return shares.PodBound(policy, pod)
 
     def ignored(self, pod: requests.PodRequest) -> list[str]:
         """Why the pod's policy overrides are ignored (empty when they are valid or absent)."""
@@ -106,6 +138,40 @@ class Policies:
         except registry.UnknownPolicyError as err:
             return str(err)
         return None
+
+
+class UntilTrusted:
+    """A card policy that learns the workload, handing each call to ``fallback`` while it is untrusted.
+
+    The context each call gets says which: no workload (``ctx.workload`` None) is untrusted. So
+    filter, bind and preempt, which all ask with the snapshot's context, choose alike.
+    """
+
+    def __init__(self, learned: registry.Policy, fallback: registry.Policy) -> None:
+        self.learned = learned
+        self.fallback = fallback
+
+    @property
+    def name(self) -> str:
+        """The learning policy's name."""
+        return self.learned.name
+
+    def score_node(
+        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
+    ) -> registry.Scored:
+        """The score of whichever policy applies under ``ctx``."""
+        return (self.learned if ctx.workload is not None else self.fallback).score_node(state, pod, ctx)
+
+    def choose_cards(
+        self,
+        state: nodes.NodeState,
+        request: requests.ContainerRequest,
+        eligible: tuple[int, ...],
+        ctx: registry.Context,
+    ) -> tuple[int, ...] | None:
+        """The cards whichever policy applies under ``ctx`` chooses."""
+        policy = self.learned if ctx.workload is not None else self.fallback
+        return policy.choose_cards(state, request, eligible, ctx)
 
 
 UNFIT = -1
@@ -155,8 +221,8 @@ class FilterOutcome:
 
 
 def context(snap: view.Snapshot) -> registry.Context:
-    """The policy context: the recent-request workload for FGD-style policies."""
-    return registry.Context(workload=view.workload(snap))
+    """The policy context: the recent-request workload and the cards per model, for FGD-style policies."""
+    return registry.Context(workload=view.workload(snap), capacity=view.capacity(snap))
 
 
 def reject_all(names: Sequence[str], reason: str) -> FilterOutcome:
@@ -184,7 +250,7 @@ def filter_nodes(
     if not pod.wants_gpu:
         return FilterOutcome(list(names), {}, {}, collections.Counter({FEASIBLE: len(names)}))
     card_policy = policies.card(pod)
-    node_policy = policies.node(pod)
+    node_policy = policies.node(pod, context(snap))
     skipped: dict[str, str] = {}
     if excluded:
         skipped = {n: excluded[n] for n in names if n in excluded}
@@ -240,7 +306,7 @@ def _keep_choice(
     names = out.feasible
     scores = out.scores if out.scores is not None else score_nodes(snap, pod, names, policies, log)
     ctx = context(snap)
-    stepped = candidate_step(policies.node(pod), scores, ctx)
+    stepped = candidate_step(policies.node(pod, ctx), scores, ctx)
     card_policy = policies.card(pod)
     quota = view.quota(snap, pod.namespace)
     for i in batch.best_first(names, stepped):
@@ -346,10 +412,10 @@ def score_nodes(
     GPU-less pods score 0, at every log level: ``-v 4`` logs the same scores, it does not compute
     others. The wire gives an unfit node 0 (``wire.extender_scores`` clips; ranks skip it).
     """
-    node_policy = policies.node(pod)
     if not pod.wants_gpu:
         return np.zeros(len(names), np.int64)
     ctx = context(snap)
+    node_policy = policies.node(pod, ctx)
     card_policy = policies.card(pod)
     quota = view.quota(snap, pod.namespace)
     ev = batch.evaluate(snap.nodes, view.columns(snap), names, pod, node_policy, card_policy, ctx, quota)

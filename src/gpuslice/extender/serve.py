@@ -32,6 +32,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from gpuslice.cache import cache as caches
+from gpuslice.cache import shapes
 from gpuslice.extender import app as apps
 from gpuslice.extender import bind as binds
 from gpuslice.extender import binder as binders
@@ -71,9 +72,11 @@ def leadership(settings: config.Settings, kube: kclient.KubeClient) -> leader.Le
 def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     """Wire the real dependencies (no I/O happens until the app's lifespan starts)."""
     kube = kclient.KubeClient.auto(settings.kubeconfig or None, qps=settings.qps, burst=settings.burst)
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(shapes.ShapeHistogram(settings.workload))
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
-    policies = scheduling.Policies.build(settings.node_policy, settings.card_policy, settings.node_choice)
+    policies = scheduling.Policies.build(
+        settings.node_policy, settings.card_policy, settings.node_choice, settings.workload.fallback
+    )
     instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
     recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
     events: binds.Events = recorder if recorder is not None else binds.NoEvents()

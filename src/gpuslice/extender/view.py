@@ -38,6 +38,11 @@ class Snapshot(Protocol):
         """Recently seen pod shapes (FGD's target workload), None if none yet."""
         ...
 
+    @property
+    def capacity(self) -> tuple[tuple[str, int], ...]:
+        """The nodes' cards per model (``registry.Context.capacity``)."""
+        ...
+
     def quota(self, namespace: str) -> quotas.QuotaView | None:
         """The namespace's GPU quota with its current usage, or None when unlimited."""
         ...
@@ -107,3 +112,8 @@ def quota(snap: Snapshot, namespace: str) -> quotas.QuotaView | None:
 def workload(snap: Snapshot) -> registry.Workload | None:
     """The recent-request histogram as an FGD target workload, when the cache keeps one."""
     return snap.workload
+
+
+def capacity(snap: Snapshot) -> tuple[tuple[str, int], ...]:
+    """The nodes' cards per model."""
+    return snap.capacity

@@ -303,14 +303,12 @@ class _WireMeta(msgspec.Struct, rename="camel", frozen=True, gc=False):
     deletion_timestamp: str | None = None
 
 
-class _WireHost(msgspec.Struct, frozen=True, gc=False):
-    cpu: str | None = None
-    memory: str | None = None
+_NO_AMOUNTS: dict[str, str] = {}
 
 
 class _WireResources(msgspec.Struct, frozen=True, gc=False):
-    limits: _WireHost = _WireHost()
-    requests: _WireHost = _WireHost()
+    limits: dict[str, str] = _NO_AMOUNTS
+    requests: dict[str, str] = _NO_AMOUNTS
 
 
 _NO_RESOURCES = _WireResources()
@@ -339,11 +337,12 @@ class PodWire(msgspec.Struct, frozen=True, gc=False):
     ``metadata``: name, namespace, uid, resourceVersion, deletionTimestamp and the annotations of
     ``POD_ANNOTATIONS`` (each a field of a Struct, so any other annotation is skipped by the
     parser: neither decoded nor kept); ``spec``: nodeName and, for every container and init
-    container, its name, restartPolicy (positions, native sidecars) and the ``cpu`` and ``memory``
-    of its requests and limits (the host request kube-scheduler counts); ``status``: phase and the
-    init containers' terminated states (``Pod.inits_done``). Labels, owner references, the other
-    resources (GPU ones included: the annotations say what a bound pod holds) and every other
-    field are skipped. ``stored_pod`` turns it into a ``Pod``.
+    container, its name, restartPolicy (positions, native sidecars) and, of its requests and
+    limits, ``cpu`` and ``memory`` (the host request kube-scheduler counts) and the extended
+    resources (``vendor/name``: whether a pending pod asks for GPUs, ``sync``); ``status``: phase
+    and the init containers' terminated states (``Pod.inits_done``). Labels, owner references, the
+    other resources (ephemeral storage, hugepages) and every other field are skipped.
+    ``stored_pod`` turns it into a ``Pod``.
     """
 
     metadata: _WireMeta = _WireMeta()
@@ -360,11 +359,16 @@ _NO_OWNERS: list[OwnerReference] = []
 _NO_STATUSES: list[ContainerStatus] = []
 _SHARED_MAX = 4096
 """Distinct containers lists remembered for sharing; when full the table starts anew."""
-_containers_lists: dict[tuple[_WireContainer, ...], list[Container]] = {}
+_ContainersKey = tuple[tuple[str, str, tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]], ...]
+_containers_lists: dict[_ContainersKey, list[Container]] = {}
 
 
 def _containers(wire: tuple[_WireContainer, ...]) -> list[Container]:
-    shared = _containers_lists.get(wire)
+    key = tuple(
+        (c.name, c.restart_policy, tuple(c.resources.limits.items()), tuple(c.resources.requests.items()))
+        for c in wire
+    )
+    shared = _containers_lists.get(key)
     if shared is not None:
         return shared
     built = [
@@ -381,17 +385,18 @@ def _containers(wire: tuple[_WireContainer, ...]) -> list[Container]:
     ]
     if len(_containers_lists) >= _SHARED_MAX:
         _containers_lists.clear()  # the stored pods keep theirs; sharing starts anew
-    _containers_lists[wire] = built
+    _containers_lists[key] = built
     return built
 
 
-def _host(wire: _WireHost) -> dict[str, str]:
-    out = {}
-    if wire.cpu is not None:
-        out["cpu"] = wire.cpu
-    if wire.memory is not None:
-        out["memory"] = wire.memory
-    return out
+def _host(amounts: dict[str, str]) -> dict[str, str]:
+    """CPU, memory and extended resources (``vendor/name``: GPU requests among them), interned."""
+    return {
+        sys.intern(k): sys.intern(v) for k, v in amounts.items() if k in _HOST_NAMES or "/" in k
+    }
+
+
+_HOST_NAMES = frozenset(("cpu", "memory"))
 
 
 def _kept(annotations: _KeptAnnotations) -> dict[str, str]:

@@ -47,6 +47,7 @@ from gpuslice.kube import events, informer, kinds, objects
 from gpuslice.model import allocations, nodes, status
 from gpuslice.model import config as model_config
 from gpuslice.policy import quota as quotas
+from gpuslice.policy import registry
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ NODE_ANNOTATIONS = (
 )
 """The node annotations an inventory is decoded from."""
 INVALID_ACTION = "Registering"
+OBSERVED_LIMIT = 100_000
+"""Pending GPU-less pods remembered as already observed (the oldest is forgotten first)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -116,6 +119,10 @@ class Sink(Protocol):
 
     def pod_state(self, key: str) -> cluster_cache.PodState | None:
         """Whether the cache holds the pod as assumed or added (None: not at all)."""
+        ...
+
+    def observe_request(self, shape: registry.Shape) -> None:
+        """Record a requested pod shape for the target-workload histogram."""
         ...
 
 
@@ -177,6 +184,7 @@ class Sync:
         self.bad_pods: dict[str, str] = {}
         """Pod key -> why its device annotation could not be decoded (the pod is not charged)."""
         self._seen: dict[str, tuple[str | None, ...]] = {}
+        self._observed: dict[str, None] = {}  # uids of pending GPU-less pods already observed (FIFO)
         self._quotas: dict[str, dict[str, resources.QuotaLimits]] = {}
         self.nodes = informer.Informer(
             kube, kinds.NODES, self.on_node, label_selector=node_selector, resync_s=resync_s
@@ -265,6 +273,8 @@ class Sync:
             return
         if not pod.spec.node_name and self.cache.pod_state(key) is cluster_cache.PodState.ASSUMED:
             return  # a bind in flight: the bind path confirms (or forgets) it
+        if not pod.spec.node_name:
+            self._observe_gpuless(pod)
         init = len(pod.spec.init_containers)
         try:
             alloc = pod_devices.allocation_from_annotations(
@@ -291,6 +301,31 @@ class Sync:
             alloc = allocations.PodAllocation(node=pod.spec.node_name, containers=())
         alloc = msgspec.structs.replace(alloc, cpu_milli=cpu, memory_mib=memory)
         self.cache.add_pod(key, pod.metadata.uid, alloc, pod.inits_done)
+
+    def _observe_gpuless(self, pod: objects.Pod) -> None:
+        """Count a pending pod without GPU requests in the target workload, once per uid.
+
+        FGD's target workload includes pods that ask no GPU (Weng et al., USENIX ATC 2023: a free
+        card is a fragment to them); the extender's filter never sees such pods, so the pod feed
+        observes them when it first sees them pending. GPU pods are observed by the filter.
+        """
+        uid = pod.metadata.uid
+        if not uid or uid in self._observed or self._asks_gpu(pod):
+            return
+        self._observed[uid] = None
+        if len(self._observed) > OBSERVED_LIMIT:
+            del self._observed[next(iter(self._observed))]
+        cpu, _ = host_request(pod)
+        self.cache.observe_request(registry.Shape(cpu_milli=cpu, share_milli=0, count=0))
+
+    def _asks_gpu(self, pod: objects.Pod) -> bool:
+        names = self.request_config.names
+        wanted = (names.count, names.memory, names.memory_percentage, names.cores)
+        for c in (*pod.spec.containers, *pod.spec.init_containers):
+            r = c.resources
+            if any(k in r.limits or k in r.requests for k in wanted):
+                return True
+        return False
 
     # ----- quotas
 

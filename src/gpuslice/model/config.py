@@ -9,7 +9,8 @@ name (``extended_resource_problem``) and the five must differ (``resource_name_p
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 import msgspec
 
@@ -155,3 +156,109 @@ NODE_CHOICES = ("extender", "rank", "blend")
   kube-scheduler's plugins (the behaviour before ``node_choice`` existed).
 """
 DEFAULT_NODE_CHOICE = "extender"
+
+
+# ----------------------------------------------------------------------------- learned target workload
+
+WORKLOAD_FALLBACK_POD = "pod"
+"""The ``fallback`` that keeps the learning policy and gives it no workload, so it measures
+fragmentation against the pod's own shape (the behaviour before the histogram had settings)."""
+
+
+class WorkloadSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the target workload of FGD-style policies is learned from the requests seen so far.
+
+    The same settings drive ``gpuslice serve`` (``--workload-decay`` ... flags, ``GPUSLICE_WORKLOAD_*``
+    environment, YAML) and ``gpuslice simulate --workload online`` (the same flags); the histogram
+    itself is ``cache.shapes.ShapeHistogram`` and docs/workload.md explains the rules.
+
+    Attributes:
+        decay: per-request weight multiplier in (0, 1]: a request seen k requests ago weighs
+            ``decay**k`` (effective memory ``1 / (1 - decay)`` requests).
+        window: at most this many most recent requests count; 0 = unbounded. ``decay`` 1 with a
+            window is a plain sliding window.
+        min_count: requests observed before the histogram is trusted; until then the learning
+            policies are replaced by ``fallback``.
+        fallback: the registered policy that scores and chooses cards for a learning policy while
+            the histogram is untrusted, or ``pod`` (``WORKLOAD_FALLBACK_POD``): keep the learning
+            policy and give it no workload (FGD then measures against the pod's own shape).
+        drift: the workload handed to policies is a snapshot, re-taken only when the live
+            histogram's normalized weights have moved by at least this total-variation distance
+            from it (0 = after every request). Cached node scores survive between snapshots.
+    """
+
+    decay: float = 0.9995
+    window: int = 0
+    min_count: int = 50
+    fallback: str = "binpack"
+    drift: float = 0.05
+
+
+DEFAULT_WORKLOAD = WorkloadSettings()
+"""The defaults of ``gpuslice serve`` and ``gpuslice simulate --workload online`` (the one place)."""
+
+WORKLOAD_SETTINGS: dict[str, str] = {
+    "workload_decay": "decay",
+    "workload_window": "window",
+    "workload_min_count": "min_count",
+    "workload_fallback": "fallback",
+    "workload_drift": "drift",
+}
+"""Setting -> ``WorkloadSettings`` field, the same in every command (flags ``--workload-decay`` ...)."""
+
+
+class WorkloadSettingError(ValueError):
+    """An invalid learned-workload setting; ``setting`` names it (``workload_decay``, ...)."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        """Name the setting and say what is wrong with it."""
+        super().__init__(f"{setting}: {problem}")
+        self.setting = setting
+        self.problem = problem
+
+
+def workload_errors(
+    ws: WorkloadSettings, policies: Collection[str] | None = None
+) -> list[WorkloadSettingError]:
+    """Every problem with ``ws``, each naming its setting; empty when valid.
+
+    Args:
+        ws: the settings.
+        policies: the registered policy names ``fallback`` may take (besides ``pod``); None skips
+            that check (this layer does not know the registry; ``cache.shapes.errors`` passes it).
+    """
+    out: list[WorkloadSettingError] = []
+    if not 0.0 < ws.decay <= 1.0:  # also refuses NaN
+        out.append(WorkloadSettingError("workload_decay", f"must be in (0, 1], got {ws.decay!r}"))
+    if ws.window < 0:
+        out.append(WorkloadSettingError("workload_window", f"must be >= 0 (0: unbounded), got {ws.window}"))
+    if ws.min_count < 0:
+        out.append(WorkloadSettingError("workload_min_count", f"must be >= 0, got {ws.min_count}"))
+    if not 0.0 <= ws.drift <= 1.0:
+        out.append(WorkloadSettingError("workload_drift", f"must be in [0, 1], got {ws.drift!r}"))
+    if policies is not None and ws.fallback != WORKLOAD_FALLBACK_POD and ws.fallback not in policies:
+        known = ", ".join([WORKLOAD_FALLBACK_POD, *sorted(policies)])
+        out.append(
+            WorkloadSettingError("workload_fallback", f"unknown policy {ws.fallback!r}; known: {known}")
+        )
+    return out
+
+
+def workload_settings(
+    values: Mapping[str, Any], base: WorkloadSettings = DEFAULT_WORKLOAD
+) -> WorkloadSettings:
+    """``WorkloadSettings`` from values keyed as ``WORKLOAD_SETTINGS`` (missing keys keep ``base``'s).
+
+    Raises:
+        WorkloadSettingError: a value of the wrong type (range checks are ``workload_errors``').
+    """
+    fields: dict[str, Any] = {}
+    for setting, field in WORKLOAD_SETTINGS.items():
+        if setting not in values:
+            continue
+        value = values[setting]
+        try:
+            fields[field] = msgspec.convert(value, type(getattr(base, field)), strict=False)
+        except msgspec.ValidationError as err:
+            raise WorkloadSettingError(setting, f"{err} (got {value!r})") from None
+    return msgspec.structs.replace(base, **fields)

@@ -31,7 +31,11 @@ _UNKNOWN = -1  # key of a name the columns do not hold
 
 @runtime_checkable
 class ColumnScorer(Protocol):
-    """A node policy that can score many rows at once (identical to its ``score_node``)."""
+    """A node policy that can score many rows at once (identical to its ``score_node``).
+
+    For a pod without cards (CPU-only) ``score_columns`` either scores exactly as well or raises
+    ``ValueError``; the simulator's column pass relies on that to fall back to ``score_node``.
+    """
 
     def score_columns(
         self, cols: columns.NodeColumns, rows: IntArray, pod: requests.PodRequest, ctx: registry.Context

@@ -23,8 +23,10 @@ from rich.progress import (  # noqa: E402
     TimeElapsedColumn,
 )
 
+from gpuslice.cache import shapes  # noqa: E402
+from gpuslice.model import config as model_config  # noqa: E402
 from gpuslice.policy import registry  # noqa: E402
-from gpuslice.sim import experiment, replay, report, trace  # noqa: E402
+from gpuslice.sim import experiment, loadscale, replay, report, trace  # noqa: E402
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -62,6 +64,70 @@ def parse_policies(text: str) -> list[str]:
     return out
 
 
+def parse_loads(text: str) -> list[float]:
+    """Comma-separated target offered loads for ``--replay``, each in (0, ``loadscale.MAX_LOAD``]."""
+    out: list[float] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            out.append(loadscale.check_load(float(part)))
+        except (ValueError, loadscale.ReplayError) as exc:
+            raise argparse.ArgumentTypeError(f"bad load {part!r}: {exc}") from None
+    if not out:
+        raise argparse.ArgumentTypeError("no load")
+    return out
+
+
+def parse_passes(text: str) -> float:
+    """A positive window length in trace passes."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad number {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+_WORKLOAD_HELP = {
+    "workload_decay": (float, "a request seen k requests ago weighs decay**k, in (0, 1]"),
+    "workload_window": (int, "only this many most recent requests count (0: all)"),
+    "workload_min_count": (int, "requests seen before the learned workload is trusted"),
+    "workload_fallback": (str, "policy standing in for fgd/fgd-lookahead until then (or 'pod')"),
+    "workload_drift": (
+        float,
+        "re-take the workload the policy sees at this total-variation drift (0: always)",
+    ),
+}
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--workload-decay`` ... : ``gpuslice serve``'s learned-workload settings, same names and defaults."""
+    for setting, (kind, text) in _WORKLOAD_HELP.items():
+        field = model_config.WORKLOAD_SETTINGS[setting]
+        default = getattr(model_config.DEFAULT_WORKLOAD, field)
+        parser.add_argument(
+            "--" + setting.replace("_", "-"),
+            dest=setting,
+            type=kind,
+            default=None,
+            help=f"--workload online: {text} (default {default})",
+        )
+
+
+def workload_settings(args: argparse.Namespace) -> model_config.WorkloadSettings:
+    """The learned-workload settings the flags give (unset ones keep the defaults), checked.
+
+    Raises:
+        model_config.WorkloadSettingError: an invalid value, naming its setting.
+    """
+    given = {
+        s: getattr(args, s) for s in model_config.WORKLOAD_SETTINGS if getattr(args, s, None) is not None
+    }
+    return shapes.check(model_config.workload_settings(given))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``gpuslice simulate``."""
     parser.add_argument(
@@ -85,12 +151,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=experiment.WORKLOADS,
         default="oracle",
         help="FGD's target workload: the whole trace (oracle, the paper's) or, as gpuslice serve builds it, "
-        "a decayed histogram of the pods seen so far (online; slow on the full trace: every pod rescores)",
+        "a decayed histogram of the pods seen so far (online; the --workload-* settings, docs/workload.md)",
     )
+    add_workload_arguments(parser)
     parser.add_argument(
         "--replay",
         action="store_true",
-        help="replay creation/deletion times (pods leave; unplaced pods wait in a FIFO queue)",
+        help="only the replay with departures: stationary arrivals drawn from the trace at --load, each pod "
+        "running for its traced duration; unplaced pods wait in a FIFO queue (docs/replay.md)",
+    )
+    parser.add_argument(
+        "--replay-policy",
+        type=parse_policies,
+        default=None,
+        help="run the replay for these policies after the benchmark (second table, plot panels); "
+        "with --replay they replace --policy",
+    )
+    parser.add_argument(
+        "--replay-seeds", type=parse_seeds, default=None, help="the replay's seeds (default: --seeds)"
+    )
+    parser.add_argument(
+        "--load",
+        type=parse_loads,
+        default=[0.9],
+        help=f"replay: target offered GPU load(s), fractions of capacity in (0, {loadscale.MAX_LOAD:g}], "
+        "comma-separated (default 0.9)",
+    )
+    parser.add_argument(
+        "--replay-passes",
+        type=parse_passes,
+        default=1.0,
+        help="replay: measured window length, in trace pod counts of arrivals (default 1)",
     )
 
 
@@ -107,18 +198,34 @@ def main(args: argparse.Namespace) -> int:
     except trace.TraceError as exc:
         print(f"gpuslice simulate: {exc}", file=sys.stderr)
         return 2
-    if args.replay:
-        if args.workload != "oracle":
-            print("gpuslice simulate: --workload online is not supported with --replay", file=sys.stderr)
+    try:
+        settings = workload_settings(args)
+    except model_config.WorkloadSettingError as exc:
+        print(f"gpuslice simulate: {exc}", file=sys.stderr)
+        return 2
+    if args.replay or args.replay_policy:
+        try:
+            replay.check(pods)
+        except replay.ReplayError as exc:
+            print(f"gpuslice simulate: {exc}", file=sys.stderr)
             return 2
-        return _replay(args, nodes, pods, console)
+    if args.replay:
+        replays = _replay(args, nodes, pods, console)
+        if args.json:
+            print(json.dumps([r.as_json() for r in replays]))
+        else:
+            console.print(report.replay_table(report.summarize_replay(replays)))
+        if args.plot is not None:
+            report.plot([], args.plot, report.summarize_replay(replays))
+        return 0
     jobs = [
-        experiment.Job(p, s, nodes, pods, args.tune, args.workload) for p in args.policy for s in args.seeds
+        experiment.Job(p, s, nodes, pods, args.tune, args.workload, settings)
+        for p in args.policy
+        for s in args.seeds
     ]
     workers = max(1, min(args.jobs, len(jobs)))
     if args.json:
         results = experiment.run_all(jobs, workers)
-        print(json.dumps([r.as_json() for r in results]))
     else:
         with Progress(
             TextColumn("{task.description}"),
@@ -136,16 +243,41 @@ def main(args: argparse.Namespace) -> int:
 
             results = experiment.run_all(jobs, workers, done)
         report.show(report.summarize(results), console)
-    if args.plot is not None:
-        report.plot(report.summarize(results), args.plot)
-    return 0
-
-
-def _replay(args: argparse.Namespace, nodes: Path, pods: Path, console: Console) -> int:
-    jobs = [replay.ReplayJob(p, s, nodes, pods) for p in args.policy for s in args.seeds]
-    results = [replay.run_job(j) for j in jobs]
+    replays = _replay(args, nodes, pods, console) if args.replay_policy else []
     if args.json:
-        print(json.dumps([r.as_json() for r in results]))
-    else:
-        console.print(replay.table(results))
+        print(json.dumps([r.as_json() for r in results] + [r.as_json() for r in replays]))
+    elif replays:
+        console.print(report.replay_table(report.summarize_replay(replays)))
+    if args.plot is not None:
+        report.plot(report.summarize(results), args.plot, report.summarize_replay(replays))
     return 0
+
+
+def _replay(args: argparse.Namespace, nodes: Path, pods: Path, console: Console) -> list[replay.ReplayResult]:
+    """The replay jobs of ``--replay`` / ``--replay-policy``, one per (policy, load, seed), run in a pool."""
+    policies: list[str] = args.replay_policy or args.policy
+    seeds: list[int] = args.replay_seeds or args.seeds
+    jobs = [
+        replay.ReplayJob(
+            p, s, nodes, pods, load, args.replay_passes, args.workload, settings=workload_settings(args)
+        )
+        for p in policies
+        for load in args.load
+        for s in seeds
+    ]
+    workers = max(1, min(args.jobs, len(jobs)))
+    if args.json:
+        return replay.run_all(jobs, workers)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("replaying", total=len(jobs))
+
+        def done(r: replay.ReplayResult) -> None:
+            progress.update(
+                task,
+                advance=1,
+                description=f"replay {r.policy} load {r.load:g} seed {r.seed}: "
+                f"unallocated {r.figures.unallocated_pct:.2f}%",
+            )
+
+        return replay.run_all(jobs, workers, done)

@@ -7,6 +7,10 @@ choose the cards with the policy's card rule.
 Scores are pure functions of a node's state, the pod's shape and the policy context, so ``Scorer``
 caches them per (cpu, d, n, types) and rescores only the nodes whose version changed since that shape
 was last scored there; a new target workload in the context (``Scorer.set_context``) drops them all.
+When many nodes are stale (a shape not seen for a while, a new workload) and the policy scores
+columns (``batch.ColumnScorer``, identical to ``score_node`` by contract, as the extender's filter
+relies on), they are scored in one numpy pass over a ``columns.NodeColumns`` mirror of the cluster
+(``LiveColumns``) instead of node by node.
 Host memory enters the pre-filter only: no simulated policy scores by it.
 
 The target workload of the FGD-style policies comes either from the whole trace (the paper's
@@ -15,21 +19,37 @@ oracle, the default: ``ctx.workload`` is fixed for the run) or, with a ``ShapeHi
 starts empty and observes each arriving GPU pod's shape (``shares.shape_of(shares.demand(pod,
 first card memory))``) before the pod is scored. The extender sees a pod only when kube-scheduler's
 own filters (host CPU and memory) leave it a node, so a pod that no node can host is not observed.
+The policies get the histogram's snapshot (``ShapeHistogram.workload``), which changes only when the
+live weights drift far enough, so cached scores survive between snapshots. While the histogram is
+untrusted (fewer than ``min_count`` requests), a policy that learns the workload
+(``registry.learns_workload``) is replaced, for node scores and card choice, by the settings'
+``fallback`` policy, as the extender's ``scheduling.Policies`` does (``pod``: kept, with no workload).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from gpuslice.cache import shapes
 from gpuslice.model import allocations, nodes
-from gpuslice.policy import fit, registry, shares
+from gpuslice.model import config as model_config
+from gpuslice.policy import columns, fit, registry, shares, vectorfit
 from gpuslice.sim import cluster, trace
 
 ShapeKey = tuple[int, int, int, tuple[str, ...]]
+
+VECTOR_MIN = 48
+"""Stale nodes from which a column-scoring policy scores them in one pass (below: node by node)."""
+ADAPTIVE = True
+"""Take the column pass only while it has cost less per node than node-by-node scoring (both give
+the same scores; tests turn this off to exercise the column pass whatever it costs)."""
+PROBE_EVERY = 256
+"""While node by node is cheaper, one eligible rescoring in this many still takes the column pass,
+so the cost estimate follows the cluster (node-by-node is re-measured whenever it runs)."""
 
 
 class PlacementMismatchError(RuntimeError):
@@ -42,14 +62,78 @@ class _Entry:
     seen: np.ndarray
 
 
-class Scorer:
-    """Cached node scores of one policy over one cluster."""
+class LiveColumns:
+    """A ``columns.NodeColumns`` mirror of a live cluster, built on first use, then kept current.
 
-    def __init__(self, policy: registry.Policy, ctx: registry.Context, live: cluster.Cluster) -> None:
+    Only the nodes whose version changed since the last ``current()`` are rewritten.
+    """
+
+    def __init__(self, live: cluster.Cluster) -> None:
+        self.live = live
+        self._builder: columns.ColumnsBuilder | None = None
+        self._seen = np.full(len(live), -1, np.int64)
+        self._frozen: columns.NodeColumns | None = None
+        self._rows: np.ndarray | None = None
+
+    @property
+    def usable(self) -> bool:
+        """True when the vectorised kernels take nodes this wide (``vectorfit.MAX_CARDS``)."""
+        return bool(self.live.free.shape[1] <= vectorfit.MAX_CARDS)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The row of each node (by rank)."""
+        if self._rows is None:
+            self._rows = self.current().rows([state.inventory.name for state in self.live.states])
+        return self._rows
+
+    def current(self) -> columns.NodeColumns:
+        """The columns of the cluster as it is now."""
+        if self._builder is None:
+            self._builder = columns.ColumnsBuilder(rows=max(1, len(self.live)), cards=self.live.free.shape[1])
+        changed = np.flatnonzero(self._seen != self.live.version)
+        if len(changed) or self._frozen is None:
+            states = self.live.states
+            for j in changed.tolist():
+                self._builder.set(states[j])
+            self._seen[changed] = self.live.version[changed]
+            self._frozen = self._builder.freeze()
+        return self._frozen
+
+
+def _ema(old: float, new: float) -> float:
+    """A moving average that starts at the first value."""
+    return new if not old else 0.8 * old + 0.2 * new
+
+
+class Scorer:
+    """Cached node scores of one policy over one cluster.
+
+    Args:
+        policy: the node policy.
+        ctx: its context.
+        live: the cluster.
+        mirror: the cluster's column mirror (shared by the scorers of one ``Placer``); None: built
+            on first use.
+    """
+
+    def __init__(
+        self,
+        policy: registry.Policy,
+        ctx: registry.Context,
+        live: cluster.Cluster,
+        mirror: LiveColumns | None = None,
+    ) -> None:
         self.policy = policy
         self.ctx = ctx
         self.live = live
         self._cache: dict[ShapeKey, _Entry] = {}
+        self._mirror = mirror
+        self._score_columns = getattr(policy, "score_columns", None)  # batch.ColumnScorer
+        self._cpu_columns = True  # until the column scorer refuses a CPU-only pod
+        self._node_cost = 0.0  # seconds per node, node by node (moving average; 0: not measured)
+        self._col_cost = 0.0  # seconds per node, column pass with the mirror's upkeep (likewise)
+        self._probes = 0
         self.calls = 0
 
     def set_context(self, ctx: registry.Context) -> None:
@@ -69,16 +153,61 @@ class Scorer:
         version = self.live.version
         stale = cand[entry.seen[cand] != version[cand]]
         if len(stale):
-            states = self.live.states
-            score_node = self.policy.score_node
             req = pod.request
             ctx = self.ctx
-            for j in stale.tolist():
-                entry.score[j] = score_node(states[j], req, ctx).score
+            if len(stale) < VECTOR_MIN or not self._prefer_columns() or not self._columns(stale, pod, entry):
+                start = time.perf_counter()
+                states = self.live.states
+                score_node = self.policy.score_node
+                for j in stale.tolist():
+                    entry.score[j] = score_node(states[j], req, ctx).score
+                self._node_cost = _ema(self._node_cost, (time.perf_counter() - start) / len(stale))
             entry.seen[stale] = version[stale]
             self.calls += len(stale)
         scores = shares.normalize(self.policy, entry.score[cand], self.ctx)
         return int(cand[int(np.argmax(scores))])  # the first maximum: the lowest rank
+
+    @property
+    def mirror(self) -> LiveColumns:
+        """The column mirror (built on first use)."""
+        if self._mirror is None:
+            self._mirror = LiveColumns(self.live)
+        return self._mirror
+
+    def _columns(self, stale: np.ndarray, pod: trace.TracePod, entry: _Entry) -> bool:
+        """Score the ``stale`` nodes in one column pass when the policy can; False when it cannot.
+
+        A GPU pod qualifies as in ``batch.evaluate`` (``vectorfit.request_of``). A CPU-only pod (which
+        the extender never scores) is tried too: a policy whose column scorer refuses it raises
+        ``ValueError`` and is asked no more; the column scorers that accept one score it exactly
+        (``tests/unit/sim/test_online_workload.py`` checks every registered policy).
+        """
+        score_columns = self._score_columns
+        if score_columns is None or not self.mirror.usable:
+            return False
+        if pod.count <= 0:
+            if not self._cpu_columns:
+                return False
+        elif vectorfit.request_of(pod.request, None) is None:
+            return False
+        mirror = self.mirror
+        start = time.perf_counter()
+        try:
+            entry.score[stale] = score_columns(mirror.current(), mirror.rows[stale], pod.request, self.ctx)
+        except ValueError:
+            if pod.count > 0:
+                raise
+            self._cpu_columns = False
+            return False
+        self._col_cost = _ema(self._col_cost, (time.perf_counter() - start) / len(stale))
+        return True
+
+    def _prefer_columns(self) -> bool:
+        """Whether the column pass is worth taking now (``ADAPTIVE``); it is measured first."""
+        if not ADAPTIVE or not self._col_cost or not self._node_cost or self._col_cost < self._node_cost:
+            return True
+        self._probes += 1
+        return self._probes % PROBE_EVERY == 0
 
 
 class Placer:
@@ -89,7 +218,9 @@ class Placer:
         policy: node and card policy.
         ctx: the policy context; its workload is the fixed (oracle) target workload.
         histogram: when given, the online target workload (see the module docstring): each GPU pod's
-            shape is observed before the pod is scored and replaces ``ctx.workload``.
+            shape is observed before the pod is scored, ``ctx.workload`` is the histogram's
+            snapshot, and its settings' ``fallback`` stands in for a learning policy until it is
+            trusted.
     """
 
     def __init__(
@@ -103,20 +234,57 @@ class Placer:
         self.policy = policy
         self.ctx = ctx
         self.histogram = histogram
-        self.scorer = Scorer(policy, ctx, live)
+        self.fallback: registry.Policy | None = None
+        self.fallback_pods = 0
+        """GPU pods placed by the fallback policy (online, while the histogram was untrusted)."""
+        if histogram is not None:
+            self.ctx = ctx = dataclasses.replace(ctx, workload=histogram.workload())
+            name = histogram.settings.fallback
+            if registry.learns_workload(policy) and name != model_config.WORKLOAD_FALLBACK_POD:
+                self.fallback = registry.get(name)
+        scoring = [p for p in (policy, self.fallback) if p is not None]
+        mirror = LiveColumns(live) if any(hasattr(p, "score_columns") for p in scoring) else None
+        self.scorer = Scorer(policy, ctx, live, mirror)
+        self._fallback_scorer = None if self.fallback is None else Scorer(self.fallback, ctx, live, mirror)
 
     def observe(self, pod: trace.TracePod) -> None:
-        """Hand the pod's shape to the online histogram, as the extender's filter does (no-op if oracle)."""
-        if self.histogram is None or pod.count <= 0:
+        """Hand the pod's shape to the online histogram, as the extender does (no-op if oracle).
+
+        A GPU pod is observed as the extender's filter observes it; a pod without GPUs as the
+        extender's pod feed does, when it first sees the pod pending (before any filter).
+        """
+        histogram = self.histogram
+        if histogram is None:
+            return
+        if pod.count <= 0:
+            self._take(histogram, registry.Shape(cpu_milli=pod.cpu_milli, share_milli=0, count=0))
             return
         live = self.live
         host = np.flatnonzero((live.cpu_free >= pod.cpu_milli) & (live.mem_free >= pod.memory_mib))
         if not len(host):
             return  # kube-scheduler's own filters leave no node: the extender is not asked
         card_memory = shares.card_memory(live.states[int(host[0])])
-        self.histogram.observe(shares.shape_of(shares.demand(pod.request, card_memory)))
-        self.ctx = dataclasses.replace(self.ctx, workload=self.histogram.workload())
-        self.scorer.set_context(self.ctx)
+        self._take(histogram, shares.shape_of(shares.demand(pod.request, card_memory)))
+
+    def _take(self, histogram: shapes.ShapeHistogram, shape: registry.Shape) -> None:
+        """Observe one shape; a new snapshot becomes the context's workload."""
+        histogram.observe(shape)
+        workload = histogram.workload()
+        if workload is not self.ctx.workload:  # a new snapshot (the same object otherwise)
+            self.ctx = dataclasses.replace(self.ctx, workload=workload)
+            self.scorer.set_context(self.ctx)
+
+    @property
+    def score_calls(self) -> int:
+        """Nodes scored so far, by the policy and by its fallback."""
+        fb = self._fallback_scorer
+        return self.scorer.calls + (0 if fb is None else fb.calls)
+
+    def current(self) -> tuple[registry.Policy, Scorer]:
+        """The policy placing the next pod and its scorer: the fallback while the workload is untrusted."""
+        if self._fallback_scorer is not None and self.ctx.workload is None:
+            return self._fallback_scorer.policy, self._fallback_scorer
+        return self.policy, self.scorer
 
     def place(self, pod: trace.TracePod) -> tuple[int, allocations.PodAllocation] | None:
         """Put the pod on the best feasible node; (node index, allocation), or None if none fits."""
@@ -124,9 +292,12 @@ class Placer:
         cand = self.live.feasible(pod)
         if not len(cand):
             return None
-        j = self.scorer.best(pod, cand)
+        policy, scorer = self.current()
+        if scorer is not self.scorer:
+            self.fallback_pods += 1
+        j = scorer.best(pod, cand)
         state = self.live.states[j]
-        placed = fit.place(state, pod.request, shares.PodBound(self.policy, pod.request), self.ctx)
+        placed = fit.place(state, pod.request, shares.PodBound(policy, pod.request), self.ctx)
         if placed.allocation is None:
             raise PlacementMismatchError(f"pod {pod.name} on {state.name}: {placed.status.reasons}")
         self.live.commit(j, placed.allocation, shares.demand(pod.request).tag)
@@ -146,7 +317,9 @@ class Outcome:
         used: allocated milli-GPU after each pod.
         failed: positions in the arrival sequence of the pods that did not fit.
         capacity_milli: cluster GPU capacity.
-        score_calls: how many times the policy scored a node.
+        score_calls: how many times the policy (or its fallback) scored a node.
+        snapshots: target-workload snapshots taken (online; 0 for the oracle).
+        fallback_pods: pods placed by the fallback policy (online, histogram untrusted).
     """
 
     arrived: np.ndarray
@@ -154,6 +327,8 @@ class Outcome:
     failed: list[int]
     capacity_milli: int
     score_calls: int
+    snapshots: int = 0
+    fallback_pods: int = 0
 
 
 def run(
@@ -183,4 +358,7 @@ def run(
             total_used += pod.gpu_milli
         arrived[k] = total_arrived
         used[k] = total_used
-    return Outcome(arrived, used, failed, placer.live.capacity_milli, placer.scorer.calls)
+    snapshots = 0 if histogram is None else histogram.snapshots
+    return Outcome(
+        arrived, used, failed, placer.live.capacity_milli, placer.score_calls, snapshots, placer.fallback_pods
+    )

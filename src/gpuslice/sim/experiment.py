@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from gpuslice.cache import shapes
+from gpuslice.model import config as model_config
 from gpuslice.policy import registry
 from gpuslice.sim import engine, metrics, trace, workload
 
@@ -22,7 +24,7 @@ as ``gpuslice serve`` does, a decayed histogram of the pods seen so far (``engin
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One run to do."""
+    """One run to do (``settings``: how the online workload is learned; unused by the oracle)."""
 
     policy: str
     seed: int
@@ -30,6 +32,7 @@ class Job:
     pods: Path
     tune: float = 1.3
     workload: str = "oracle"
+    settings: model_config.WorkloadSettings = model_config.DEFAULT_WORKLOAD
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +48,9 @@ class Result:
         wall_seconds: time of the scheduling loop.
         failed_shapes: (cpu, d, n) -> failed pods, for diagnosis.
         workload: ``oracle`` or ``online`` (``WORKLOADS``).
+        settings: the learned-workload settings of an online run (None for the oracle).
+        snapshots: target-workload snapshots an online run took.
+        fallback_pods: pods an online run placed with the fallback policy.
     """
 
     policy: str
@@ -55,14 +61,24 @@ class Result:
     wall_seconds: float
     failed_shapes: dict[tuple[int, int, int], int]
     workload: str = "oracle"
+    settings: model_config.WorkloadSettings | None = None
+    snapshots: int = 0
+    fallback_pods: int = 0
 
     def unallocated(self, x: int) -> float:
         """U(x) in percent."""
         return metrics.unallocated(self.curve, x)
 
     def as_json(self) -> dict[str, object]:
-        """The CLI's JSON record (with a ``workload`` key only for the non-default online workload)."""
-        extra: dict[str, object] = {} if self.workload == "oracle" else {"workload": self.workload}
+        """The CLI's JSON record (``workload`` and its settings only for the non-default online workload)."""
+        extra: dict[str, object] = {}
+        if self.workload != "oracle":
+            extra = {
+                "workload": self.workload,
+                "workload_settings": msgspec.to_builtins(self.settings),
+                "workload_snapshots": self.snapshots,
+                "fallback_pods": self.fallback_pods,
+            }
         return {
             "policy": self.policy,
             "seed": self.seed,
@@ -93,9 +109,11 @@ def run_job(job: Job) -> Result:
     policy = registry.get(job.policy)
     if job.workload not in WORKLOADS:
         raise ValueError(f"unknown workload {job.workload!r}; known: {', '.join(WORKLOADS)}")
-    histogram = shapes.ShapeHistogram() if job.workload == "online" else None
+    histogram = shapes.ShapeHistogram(shapes.check(job.settings)) if job.workload == "online" else None
     ctx = registry.Context(
-        workload=None if histogram is not None else target, rng=np.random.default_rng([job.seed, 1])
+        workload=None if histogram is not None else target,
+        rng=np.random.default_rng([job.seed, 1]),
+        capacity=registry.model_capacity(d.type for inv in inventories for d in inv.devices),
     )
     start = time.perf_counter()
     out = engine.run(ranked, w, arr.seq, policy, ctx, histogram)
@@ -106,7 +124,19 @@ def run_job(job: Job) -> Result:
         key = (p.cpu_milli, p.share, p.count)
         failed[key] = failed.get(key, 0) + 1
     curve = metrics.allocation_curve(out.arrived, out.used, out.capacity_milli)
-    return Result(job.policy, job.seed, curve, len(arr.seq), len(out.failed), wall, failed, job.workload)
+    return Result(
+        job.policy,
+        job.seed,
+        curve,
+        len(arr.seq),
+        len(out.failed),
+        wall,
+        failed,
+        job.workload,
+        job.settings if histogram is not None else None,
+        out.snapshots,
+        out.fallback_pods,
+    )
 
 
 def run_all(

@@ -1,83 +1,194 @@
-"""Time replay: pods arrive at their creation time and leave after their lifetime, on a virtual clock.
+"""Replay with departures: pods arrive, wait when nothing fits, run for their duration and leave.
 
-A pod that does not fit waits in a FIFO queue (at most ``QUEUE_LIMIT`` pods; later ones fail at
-once). When a pod leaves node j, the queued pods that now fit node j are retried in queue order
-(nothing else changed in their favour since they last failed, so node j is the only place they can
-newly fit). After the last arrival the remaining departures run and pods still queued then fail.
-Reported: the time-averaged GPU allocation over the arrival span, pods that waited, pods that failed.
+The workload is a ``loadscale.Schedule`` (a trace's pod mix and durations at a target offered load,
+see ``loadscale``). The event loop runs on a virtual clock:
+
+* A departure at the same instant as an arrival happens first.
+* An arriving pod that fits nowhere waits in a FIFO queue of at most ``QUEUE_LIMIT`` pods; one that
+  arrives to a full queue is rejected (it never runs). When a pod leaves node j, the waiting pods
+  that now fit node j are retried in queue order (nothing else changed in their favour since they
+  last failed, so node j is the only place they can newly fit); a later pod may start before an
+  earlier one that still does not fit (no head-of-line blocking, as kube-scheduler retries every
+  unschedulable pod). A pod that starts runs for its full duration from then on.
+* The replay stops at the end of the measured window; pods still waiting then never ran.
+
+Figures, over the measured window ``[W, E)`` (``Schedule.window``, after the warm-up):
+
+* ``unallocated_pct``: 100 x (1 - time-average of allocated milli-GPU / capacity).
+* ``queued_time_pct``: the share of the window during which at least one pod was waiting.
+* ``stranded_pct``: the time-average, over the window, of the unallocated GPU % counted only while
+  at least one pod was waiting (0 at other times): capacity left idle while demand queued.
+  ``stranded_pct <= unallocated_pct`` always.
+* ``queued_demand_pct``: the time-average of the GPU demand (n x d) of the waiting pods, % of capacity.
+* Per pod arriving in the window (pods arriving in the warm-up, the time-0 population included, are
+  not counted): ``waited`` pods started later than they arrived; ``mean_wait`` and ``p99_wait`` are
+  over all counted pods that started (0 for those placed on arrival; p99 by nearest rank, the
+  ``ceil(0.99 n)``-th smallest); ``rejected`` found the queue full; ``still_queued`` were waiting at
+  ``E``; pods that never ran = rejected + still queued.
+
+With a ``ShapeHistogram`` (``--workload online``) the target workload of FGD-style policies is built
+from the requests as in ``engine.Placer``, each arrival observed once, at its first attempt that
+finds a node with room for its host CPU and memory: the extender's filter observes a pod uid once
+(``extender/app.py``), and kube-scheduler only calls it when its own filters leave a node.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import heapq
+import math
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any
 
+import msgspec
 import numpy as np
-from rich.table import Table
 
+from gpuslice.cache import shapes
 from gpuslice.model import allocations, nodes
+from gpuslice.model import config as model_config
 from gpuslice.policy import registry
-from gpuslice.sim import cluster, engine, trace, workload
+from gpuslice.sim import cluster, engine, loadscale, trace, workload
 
 QUEUE_LIMIT = 1000
-"""Most pods waiting at once."""
+"""Most pods waiting at once; later arrivals are rejected while it is full."""
+SAMPLES = 241
+"""Points of the allocation-over-time curve, evenly spaced on [0, window end]."""
+WORKLOADS = ("oracle", "online")
+"""Where FGD-style policies get their target workload (as ``experiment.WORKLOADS``)."""
+
+ReplayError = loadscale.ReplayError
+MissingColumnError = loadscale.MissingColumnError
 
 
-class ReplayError(ValueError):
-    """A trace that cannot be replayed (no creation times)."""
+@dataclasses.dataclass(frozen=True)
+class Replayed:
+    """What one replay measured (module docstring for the definitions).
+
+    Attributes:
+        unallocated_pct: time-averaged unallocated GPU % over the window.
+        stranded_pct: time-averaged unallocated GPU % while at least one pod waited.
+        queued_time_pct: % of the window with at least one pod waiting.
+        queued_demand_pct: time-averaged GPU demand of the waiting pods, % of capacity.
+        peak_allocation_pct: highest allocated GPU % at any time of the run.
+        arrived: pods that arrived in the window.
+        waited: of those, pods that started after waiting.
+        mean_wait: mean wait in seconds of the window's pods that started.
+        p99_wait: their 99th percentile wait (nearest rank).
+        max_wait: their longest wait.
+        rejected: window pods that arrived to a full queue.
+        still_queued: window pods waiting when the replay stopped.
+        sample_times: times of ``sample_alloc``.
+        sample_alloc: allocated GPU % at those times.
+        never_ran_shapes: (cpu milli, d, n, GPU models) -> window pods that never ran, for diagnosis.
+        waits: the wait of each window pod that started, in arrival order.
+    """
+
+    unallocated_pct: float
+    stranded_pct: float
+    queued_time_pct: float
+    queued_demand_pct: float
+    peak_allocation_pct: float
+    arrived: int
+    waited: int
+    mean_wait: float
+    p99_wait: float
+    max_wait: float
+    rejected: int
+    still_queued: int
+    sample_times: np.ndarray
+    sample_alloc: np.ndarray
+    never_ran_shapes: dict[tuple[int, int, int, tuple[str, ...]], int] = dataclasses.field(
+        default_factory=dict
+    )
+    waits: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def never_ran(self) -> int:
+        """Rejected plus still queued."""
+        return self.rejected + self.still_queued
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplayJob:
-    """One replay to do (the seed ranks the nodes and seeds the policy's random source)."""
+    """One replay to do (the seed ranks the nodes, seeds the policy's random source and the workload).
+
+    ``settings``: how the online target workload is learned (as ``experiment.Job``; unused by the oracle).
+    """
 
     policy: str
     seed: int
     nodes: Path
     pods: Path
+    load: float = 0.9
+    passes: float = 1.0
+    workload: str = "oracle"
+    settings: model_config.WorkloadSettings = model_config.DEFAULT_WORKLOAD
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplayResult:
-    """One replay's figures."""
+    """One replay's figures with its setting."""
 
     policy: str
     seed: int
-    gpu_allocation_pct: float
-    peak_allocation_pct: float
-    pods_arrived: int
-    pods_waited: int
-    pods_failed: int
-    mean_wait_seconds: float
+    workload: str
+    load: float
+    offered_pct: float
+    schedule_rate: float
+    gap_factor: float | None
+    warmup_seconds: float
+    end_seconds: float
+    initial_pods: int
+    untimed_pods: int
+    figures: Replayed
     wall_seconds: float
+    settings: model_config.WorkloadSettings | None = None
 
     def as_json(self) -> dict[str, object]:
-        """The CLI's JSON record for ``--replay``."""
+        """The CLI's JSON record for ``--replay`` (``workload_settings`` only for the online workload)."""
+        f = self.figures
+        extra: dict[str, object] = {}
+        if self.settings is not None:
+            extra["workload_settings"] = msgspec.to_builtins(self.settings)
         return {
             "policy": self.policy,
             "seed": self.seed,
             "mode": "replay",
-            "time_avg_gpu_allocation_pct": round(self.gpu_allocation_pct, 4),
-            "peak_gpu_allocation_pct": round(self.peak_allocation_pct, 4),
-            "pods_arrived": self.pods_arrived,
-            "pods_waited": self.pods_waited,
-            "pods_failed": self.pods_failed,
-            "mean_wait_seconds": round(self.mean_wait_seconds, 1),
+            "workload": self.workload,
+            "load": self.load,
+            "offered_load_pct": round(self.offered_pct, 3),
+            "arrival_rate_per_s": round(self.schedule_rate, 6),
+            "gap_factor": None if self.gap_factor is None else round(self.gap_factor, 3),
+            "window_seconds": [round(self.warmup_seconds, 1), round(self.end_seconds, 1)],
+            "initial_pods": self.initial_pods,
+            "untimed_pods": self.untimed_pods,
+            "unallocated_gpu_pct": round(f.unallocated_pct, 4),
+            "stranded_gpu_pct": round(f.stranded_pct, 4),
+            "queued_time_pct": round(f.queued_time_pct, 3),
+            "queued_demand_gpu_pct": round(f.queued_demand_pct, 4),
+            "peak_gpu_allocation_pct": round(f.peak_allocation_pct, 4),
+            "pods_arrived": f.arrived,
+            "pods_waited": f.waited,
+            "mean_wait_seconds": round(f.mean_wait, 2),
+            "p99_wait_seconds": round(f.p99_wait, 2),
+            "max_wait_seconds": round(f.max_wait, 2),
+            "pods_never_ran": f.never_ran,
+            "pods_rejected_queue_full": f.rejected,
+            "pods_still_queued": f.still_queued,
             "wall_seconds": round(self.wall_seconds, 3),
+            **extra,
         }
 
 
-class Replayed(NamedTuple):
-    """What a replay measured: time-averaged and peak GPU allocation %, pods waited/failed, mean wait."""
-
-    gpu_allocation_pct: float
-    peak_allocation_pct: float
-    waited: int
-    failed: int
-    mean_wait_seconds: float
+def nearest_rank(values: np.ndarray, q: float) -> float:
+    """The ``ceil(q n)``-th smallest of ``values`` (0 for none)."""
+    if not len(values):
+        return 0.0
+    k = max(1, math.ceil(q * len(values)))
+    return float(np.partition(values, k - 1)[k - 1])
 
 
 class _Queue:
@@ -89,154 +200,275 @@ class _Queue:
         self.mem = np.zeros(size, np.int64)
         self.share = np.zeros(size, np.int64)
         self.count = np.zeros(size, np.int64)
-        self.since = np.zeros(size)
         self.live = np.zeros(size, bool)
         self.tail = 0
         self.waiting = 0
+        self.demand = 0
 
-    def push(self, i: int, p: trace.TracePod, now: float) -> None:
-        k = self.tail
-        self.pod[k], self.cpu[k], self.mem[k] = i, p.cpu_milli, p.memory_mib
-        self.share[k], self.count[k], self.since[k], self.live[k] = p.share, p.count, now, True
+    def push(self, k: int, p: trace.TracePod) -> None:
+        """Append arrival k (pod p)."""
+        if self.tail == len(self.pod):
+            self._compact()
+        s = self.tail
+        self.pod[s], self.cpu[s], self.mem[s] = k, p.cpu_milli, p.memory_mib
+        self.share[s], self.count[s], self.live[s] = p.share, p.count, True
         self.tail += 1
         self.waiting += 1
+        self.demand += p.gpu_milli
 
-    def fitting(self, live: cluster.Cluster, j: int) -> np.ndarray:
-        """Queue slots (FIFO order) whose pod fits node j's free resources (model checked later)."""
-        if not self.waiting:
-            return np.zeros(0, np.int64)
-        n = self.tail
-        row = live.free[j]
-        cards = (row[None, :] >= self.share[:n, None]).sum(axis=1)
+    def drop(self, s: int, p: trace.TracePod) -> None:
+        """Slot s (pod p) left the queue."""
+        self.live[s] = False
+        self.waiting -= 1
+        self.demand -= p.gpu_milli
+
+    def _compact(self) -> None:
+        keep = np.flatnonzero(self.live[: self.tail])
+        for col in (self.pod, self.cpu, self.mem, self.share, self.count, self.live):
+            col[: len(keep)] = col[keep]
+        self.live[len(keep) :] = False
+        self.tail = len(keep)
+
+    def fitting(self, live: cluster.Cluster, j: int, among: np.ndarray | None = None) -> np.ndarray:
+        """Slots (FIFO order; of ``among`` if given) whose pod fits node j's free CPU, memory, cards.
+
+        The GPU model is not checked here (``_fits`` does).
+        """
+        if among is None:
+            if not self.waiting:
+                return np.zeros(0, np.int64)
+            if self.tail > 2 * self.waiting + 64:
+                self._compact()
+            among = np.arange(self.tail)
+        cards = (live.free[j][None, :] >= self.share[among, None]).sum(axis=1)
         ok = (
-            self.live[:n]
-            & (self.cpu[:n] <= live.cpu_free[j])
-            & (self.mem[:n] <= live.mem_free[j])
-            & (cards >= self.count[:n])
+            self.live[among]
+            & (self.cpu[among] <= live.cpu_free[j])
+            & (self.mem[among] <= live.mem_free[j])
+            & (cards >= self.count[among])
         )
-        return np.flatnonzero(ok)
+        out: np.ndarray = among[ok]
+        return out
+
+
+class _OncePlacer(engine.Placer):
+    """``engine.Placer`` that observes each arrival once (set ``arrival`` before ``place``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.arrival = -1
+        self._seen: set[int] = set()
+
+    def observe(self, pod: trace.TracePod) -> None:
+        """Observe the current arrival unless it was; as ``engine.Placer.observe``, only with a host."""
+        if self.histogram is None or self.arrival in self._seen:
+            return
+        live = self.live
+        host = np.any((live.cpu_free >= pod.cpu_milli) & (live.mem_free >= pod.memory_mib))
+        if pod.count > 0 and not host:
+            return  # not observed by engine.Placer either: the extender's filter is not asked yet
+        self._seen.add(self.arrival)
+        super().observe(pod)
+
+
+def _fits(live: cluster.Cluster, j: int, p: trace.TracePod) -> bool:
+    """Whether pod p fits node j now (the pre-filter of ``cluster.Cluster.feasible`` for one node)."""
+    if live.cpu_free[j] < p.cpu_milli or live.mem_free[j] < p.memory_mib:
+        return False
+    if p.count <= 0:
+        return True
+    if p.types and not live.type_mask(p.types)[j]:
+        return False
+    return int((live.free[j] >= p.share).sum()) >= p.count
 
 
 def run(
-    inventories: list[nodes.NodeInventory],
-    pods: list[trace.TracePod],
+    inventories: Sequence[nodes.NodeInventory],
+    pods: Sequence[trace.TracePod],
+    schedule: loadscale.Schedule,
     policy: registry.Policy,
     ctx: registry.Context,
+    histogram: shapes.ShapeHistogram | None = None,
+    queue_limit: int = QUEUE_LIMIT,
+    samples: int = SAMPLES,
 ) -> Replayed:
-    """Replay the pods in creation order on the nodes (given in rank order)."""
-    if any(p.creation is None for p in pods):
-        raise ReplayError(
-            "the pod list has no creation_time column; replay needs creation and deletion times"
-        )
+    """Replay ``schedule`` on the nodes (given in rank order) with the policy (module docstring)."""
     live = cluster.Cluster(inventories)
-    placer = engine.Placer(live, policy, ctx)
-    order = sorted(range(len(pods)), key=lambda i: (pods[i].creation or 0.0, pods[i].name))
+    placer = _OncePlacer(live, policy, ctx, histogram)
+    cap = live.capacity_milli
+    arrival = np.asarray(schedule.arrival, dtype=np.float64)
+    duration = np.asarray(schedule.duration, dtype=np.float64)
+    index = np.asarray(schedule.pod, dtype=np.int64).tolist()
+    n = len(index)
+    if n and np.any(np.diff(arrival) < 0):
+        raise ValueError("schedule arrivals must be in time order")
+    w0, w1 = schedule.window
+    started = np.full(n, np.nan)
+    rejected = np.zeros(n, bool)
+    queue = _Queue(max(16, min(n, 2 * queue_limit)))
     departures: list[tuple[float, int, int, int, allocations.PodAllocation]] = []
-    queue = _Queue(len(pods))
-    used = 0
-    area = 0.0
-    last_t = (pods[order[0]].creation or 0.0) if order else 0.0
-    start_t = last_t
-    waited = failed = peak = 0
-    wait_total = 0.0
-    tick = 0
+    sample_t = np.linspace(0.0, w1, samples) if samples > 0 else np.zeros(0)
+    sample_v = np.zeros(len(sample_t))
+    used = peak = tick = si = 0
+    last_t = 0.0
+    area = stranded = busy = queued = 0.0
 
     def advance(t: float) -> None:
-        nonlocal area, last_t
-        area += used * max(0.0, t - last_t)
+        nonlocal area, stranded, busy, queued, last_t, si
+        lo, hi = max(last_t, w0), min(t, w1)
+        if hi > lo:
+            area += used * (hi - lo)
+            if queue.waiting:
+                stranded += (cap - used) * (hi - lo)
+                busy += hi - lo
+                queued += queue.demand * (hi - lo)
+        while si < len(sample_t) and sample_t[si] < t:
+            sample_v[si] = used
+            si += 1
         last_t = max(last_t, t)
 
-    def start(i: int, now: float) -> bool:
-        nonlocal used, tick, peak
-        p = pods[i]
+    def start(k: int, now: float) -> bool:
+        nonlocal used, peak, tick
+        p = pods[index[k]]
+        placer.arrival = k
         got = placer.place(p)
         if got is None:
             return False
         j, alloc = got
         used += p.gpu_milli
         peak = max(peak, used)
-        life = max(0.0, (p.deletion or float("inf")) - (p.creation or 0.0))
-        if life != float("inf"):
-            tick += 1
-            heapq.heappush(departures, (now + life, tick, i, j, alloc))
+        started[k] = now
+        tick += 1
+        heapq.heappush(departures, (now + float(duration[k]), tick, k, j, alloc))
         return True
 
     def depart_until(t: float) -> None:
-        nonlocal used, waited, wait_total
+        nonlocal used
         while departures and departures[0][0] <= t:
-            when, _, i, j, alloc = heapq.heappop(departures)
+            when, _, k, j, alloc = heapq.heappop(departures)
             advance(when)
-            placer.remove(j, pods[i], alloc)
-            used -= pods[i].gpu_milli
-            for k in queue.fitting(live, j).tolist():
-                qi = int(queue.pod[k])
-                if start(qi, when):
-                    queue.live[k] = False
-                    queue.waiting -= 1
-                    waited += 1
-                    wait_total += when - float(queue.since[k])
+            p = pods[index[k]]
+            placer.remove(j, p, alloc)
+            used -= p.gpu_milli
+            cand = queue.fitting(live, j)
+            while len(cand):
+                s = int(cand[0])
+                qk = int(queue.pod[s])
+                qp = pods[index[qk]]
+                if _fits(live, j, qp) and start(qk, when):
+                    queue.drop(s, qp)
+                    cand = queue.fitting(live, j, cand[1:])  # node j has less room now
+                else:
+                    cand = cand[1:]
 
-    for i in order:
-        now = pods[i].creation or 0.0
+    for k in range(n):
+        now = float(arrival[k])
+        if now >= w1:
+            break
         depart_until(now)
         advance(now)
-        if not start(i, now):
-            if queue.waiting < QUEUE_LIMIT:
-                queue.push(i, pods[i], now)
+        if not start(k, now):
+            if queue.waiting < queue_limit:
+                queue.push(k, pods[index[k]])
             else:
-                failed += 1
-    span = last_t - start_t
-    pct = 100.0 * area / (span * live.capacity_milli) if span > 0 and live.capacity_milli else 0.0
-    depart_until(float("inf"))  # after the last arrival: let the queue drain as pods leave
-    failed += queue.waiting
+                rejected[k] = True
+    depart_until(w1)
+    advance(w1)
+    sample_v[si:] = used
+
+    counted = (arrival >= w0) & (arrival < w1)
+    counted[: schedule.initial] = False  # the time-0 population was already running
+    ran = counted & ~np.isnan(started)
+    waits = started[ran] - arrival[ran]
+    span = w1 - w0
+    denom = cap * span if span > 0 and cap else 0.0
+    shapes_out: dict[tuple[int, int, int, tuple[str, ...]], int] = {}
+    for k in np.flatnonzero(counted & np.isnan(started)).tolist():
+        p = pods[index[k]]
+        key = (p.cpu_milli, p.share, p.count, p.types)
+        shapes_out[key] = shapes_out.get(key, 0) + 1
     return Replayed(
-        pct,
-        100.0 * peak / live.capacity_milli if live.capacity_milli else 0.0,
-        waited,
-        failed,
-        wait_total / waited if waited else 0.0,
+        unallocated_pct=100.0 * (1.0 - area / denom) if denom else 0.0,
+        stranded_pct=100.0 * stranded / denom if denom else 0.0,
+        queued_time_pct=100.0 * busy / span if span > 0 else 0.0,
+        queued_demand_pct=100.0 * queued / denom if denom else 0.0,
+        peak_allocation_pct=100.0 * peak / cap if cap else 0.0,
+        arrived=int(counted.sum()),
+        waited=int((waits > 0).sum()),
+        mean_wait=float(waits.mean()) if len(waits) else 0.0,
+        p99_wait=nearest_rank(waits, 0.99),
+        max_wait=float(waits.max()) if len(waits) else 0.0,
+        rejected=int((counted & rejected).sum()),
+        still_queued=int((counted & np.isnan(started) & ~rejected).sum()),
+        sample_times=sample_t,
+        sample_alloc=100.0 * sample_v / cap if cap else sample_v,
+        never_ran_shapes=shapes_out,
+        waits=waits,
     )
 
 
 def run_job(job: ReplayJob) -> ReplayResult:
-    """Load the trace, rank the nodes with the seed and replay it with the policy."""
+    """Load the trace, build the seed's schedule, rank the nodes with the seed and replay."""
+    if job.workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {job.workload!r}; known: {', '.join(WORKLOADS)}")
     inventories = trace.load_nodes(job.nodes)
     pods = trace.load_pods(job.pods)
+    pop = loadscale.population(job.pods, pods)
     rank = np.random.default_rng(job.seed).permutation(len(inventories))
     ranked = [inventories[i] for i in np.argsort(rank, kind="stable").tolist()]
+    capacity = sum(len(inv.devices) for inv in inventories) * trace.FULL
+    schedule = loadscale.build(pop, capacity, job.load, job.seed, job.passes)
+    histogram = shapes.ShapeHistogram(shapes.check(job.settings)) if job.workload == "online" else None
     ctx = registry.Context(
-        workload=workload.histogram(pods),
+        workload=None if histogram is not None else workload.histogram(pods),
         rng=np.random.default_rng([job.seed, 1]),
+        capacity=registry.model_capacity(d.type for inv in ranked for d in inv.devices),
     )
     t0 = time.perf_counter()
-    r = run(ranked, pods, registry.get(job.policy), ctx)
+    figures = run(ranked, pods, schedule, registry.get(job.policy), ctx, histogram)
+    wall = time.perf_counter() - t0
+    gpu = np.array([p.gpu_milli for p in pods], np.int64)
     return ReplayResult(
-        job.policy,
-        job.seed,
-        r.gpu_allocation_pct,
-        r.peak_allocation_pct,
-        len(pods),
-        r.waited,
-        r.failed,
-        r.mean_wait_seconds,
-        time.perf_counter() - t0,
+        policy=job.policy,
+        seed=job.seed,
+        workload=job.workload,
+        load=job.load,
+        offered_pct=loadscale.offered_pct(schedule, gpu, capacity),
+        schedule_rate=schedule.rate,
+        gap_factor=schedule.gap_factor,
+        warmup_seconds=schedule.window[0],
+        end_seconds=schedule.window[1],
+        initial_pods=schedule.initial,
+        untimed_pods=pop.untimed,
+        figures=figures,
+        wall_seconds=wall,
+        settings=job.settings if histogram is not None else None,
     )
 
 
-def table(results: list[ReplayResult]) -> Table:
-    """A rich table of replay results."""
-    t = Table(title="Trace replay (pods leave at their deletion time)")
-    for col in ("policy", "seed", "avg GPU alloc %", "peak %", "arrived", "waited", "failed", "mean wait s"):
-        t.add_column(col, justify="left" if col == "policy" else "right")
-    for r in results:
-        t.add_row(
-            r.policy,
-            str(r.seed),
-            f"{r.gpu_allocation_pct:.2f}",
-            f"{r.peak_allocation_pct:.2f}",
-            str(r.pods_arrived),
-            str(r.pods_waited),
-            str(r.pods_failed),
-            f"{r.mean_wait_seconds:.0f}",
-        )
-    return t
+def check(pods: Path) -> None:
+    """Raise ``ReplayError`` (``MissingColumnError`` naming the column) if ``pods`` cannot be replayed."""
+    loadscale.population(pods, trace.load_pods(pods))
+
+
+def run_all(
+    jobs: Sequence[ReplayJob], workers: int, on_done: Callable[[ReplayResult], None] | None = None
+) -> list[ReplayResult]:
+    """Run the jobs (in a process pool when ``workers`` > 1), results in job order."""
+    results: dict[int, ReplayResult] = {}
+    for idx, res in _iterate(jobs, workers):
+        results[idx] = res
+        if on_done is not None:
+            on_done(res)
+    return [results[i] for i in range(len(jobs))]
+
+
+def _iterate(jobs: Sequence[ReplayJob], workers: int) -> Iterator[tuple[int, ReplayResult]]:
+    if workers <= 1 or len(jobs) <= 1:
+        for idx, job in enumerate(jobs):
+            yield idx, run_job(job)
+        return
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(run_job, job): idx for idx, job in enumerate(jobs)}
+        for fut in concurrent.futures.as_completed(futures):
+            yield futures[fut], fut.result()

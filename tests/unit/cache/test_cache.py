@@ -10,6 +10,7 @@ import pytest
 from gpuslice.cache import cache as cache_mod
 from gpuslice.cache import shapes
 from gpuslice.model import allocations, nodes, status
+from gpuslice.model import config as model_config
 from gpuslice.policy import quota, registry
 from tests.unit.builders import alloc, node, uuid
 
@@ -21,8 +22,12 @@ KEY = "ns/p"
 ALLOC = alloc("n", ((uuid("n", 0), 1000, 10),))
 
 
+IMMEDIATE = model_config.WorkloadSettings(min_count=1, drift=0.0)
+"""Learned-workload settings that trust the first request and snapshot after every one."""
+
+
 def fresh() -> cache_mod.ClusterCache:
-    c = cache_mod.ClusterCache()
+    c = cache_mod.ClusterCache(shapes.ShapeHistogram(IMMEDIATE))
     c.upsert_node(node("n").gpus(2, memory=10000).inventory())
     return c
 
@@ -256,7 +261,9 @@ def test_namespace_quota_usage() -> None:
 
 
 def test_workload_histogram_decays_and_normalises() -> None:
-    c = cache_mod.ClusterCache(shapes.ShapeHistogram(decay=0.5))
+    c = cache_mod.ClusterCache(
+        shapes.ShapeHistogram(model_config.WorkloadSettings(decay=0.5, min_count=1, drift=0.0))
+    )
     assert c.snapshot().workload is None
     small = registry.Shape(0, 500, 1)
     whole = registry.Shape(0, 1000, 1)
@@ -270,7 +277,7 @@ def test_workload_histogram_decays_and_normalises() -> None:
 
 
 def test_histogram_is_bounded() -> None:
-    h = shapes.ShapeHistogram(decay=1.0, max_shapes=3)
+    h = shapes.ShapeHistogram(model_config.WorkloadSettings(decay=1.0, min_count=1), max_shapes=3)
     for k in range(10):
         h.observe(registry.Shape(0, k, 1))
     w = h.workload()

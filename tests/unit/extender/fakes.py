@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuslice.cache import cache as caches
+from gpuslice.cache import shapes
 from gpuslice.codec import keys, pod_devices
 from gpuslice.extender import app as apps
 from gpuslice.extender import bind as binds
@@ -34,13 +35,14 @@ CLOCK = 1_700_000_000.0
 
 def cluster_cache(
     *registered: nodes.NodeInventory | nodes.NodeState | builders.NodeBuilder,
+    histogram: shapes.ShapeHistogram | None = None,
 ) -> caches.ClusterCache:
     """A real cache with these nodes registered (``upsert_node``).
 
     A ``NodeState`` or builder must show no usage: usage comes from pods (``charge``), never from
     a state the cache would not have computed itself.
     """
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(histogram)
     for item in registered:
         if isinstance(item, builders.NodeBuilder):
             item = item.state()

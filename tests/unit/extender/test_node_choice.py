@@ -10,6 +10,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from gpuslice.cache import cache as caches
+from gpuslice.cache import shapes
 from gpuslice.codec import keys
 from gpuslice.extender import app as apps
 from gpuslice.extender import config, render, scheduling
@@ -25,11 +26,15 @@ def _args(pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return {"Pod": pod, "Nodes": None, "NodeNames": names}
 
 
-def _cache() -> caches.ClusterCache:
+def _cache(histogram: shapes.ShapeHistogram | None = None) -> caches.ClusterCache:
     # Four one-card 80 GiB nodes: "b-half" and "a-half" hold 40000 MiB each (equal binpack scores),
     # "c-free" is idle, "d-full" has 78000 MiB taken.
     cache = fakes.cluster_cache(
-        node("c-free").gpus(1), node("b-half").gpus(1), node("a-half").gpus(1), node("d-full").gpus(1)
+        node("c-free").gpus(1),
+        node("b-half").gpus(1),
+        node("a-half").gpus(1),
+        node("d-full").gpus(1),
+        histogram=histogram,
     )
     fakes.charge(cache, "other/b", "b-half", (0, 40000, 10))
     fakes.charge(cache, "other/a", "a-half", (0, 40000, 10))
@@ -174,7 +179,7 @@ def test_unknown_node_choice_is_refused() -> None:
 
 @pytest.mark.parametrize(("period", "seen"), [(0, True), (3600, False)])
 def test_workload_period_zero_scores_a_pod_against_its_own_shape(period: float, seen: bool) -> None:
-    cache = _cache()
+    cache = _cache(shapes.ShapeHistogram(model_config.WorkloadSettings(min_count=1)))  # trusted at once
     deps = fakes.make_deps(cache, settings=config.Settings(workload_period_s=period))
     with TestClient(apps.create_app(deps)) as c:
         c.post("/filter", json=_args(fakes.gpu_pod("p", mem=8000, cores=30), NAMES))

@@ -117,7 +117,7 @@ def _expected(full: objects.Pod) -> objects.Pod:
     meta = msgspec.structs.replace(trimmed.metadata, labels={}, creation_timestamp=None, owner_references=[])
 
     def host(m: dict[str, str]) -> dict[str, str]:
-        return {k: v for k, v in m.items() if k in ("cpu", "memory")}
+        return {k: v for k, v in m.items() if k in ("cpu", "memory") or "/" in k}
 
     def names(cs: list[objects.Container]) -> list[objects.Container]:
         return [

@@ -99,18 +99,6 @@ def test_five_column_variant_loads(tmp_path: Path, capsys: pytest.CaptureFixture
     assert code == 0 and json.loads(out)[0]["policy"] == "packing"
 
 
-def test_replay_json(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    nodes, pods = files
-    code, out = run(
-        capsys, "simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "fgd", "--seeds", "1",
-        "--replay", "--json",
-    )  # fmt: skip
-    assert code == 0
-    (r,) = json.loads(out)
-    assert r["mode"] == "replay" and r["pods_arrived"] == 7
-    assert r["pods_failed"] == 0 and 0 < r["time_avg_gpu_allocation_pct"] <= 100
-
-
 def test_bad_trace_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "nodes.csv").write_text("name,cpu\nx,1\n")
     code = cli.main(["simulate", "--nodes", str(tmp_path / "nodes.csv"), "--json"])
