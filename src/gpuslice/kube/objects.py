@@ -391,9 +391,7 @@ def _containers(wire: tuple[_WireContainer, ...]) -> list[Container]:
 
 def _host(amounts: dict[str, str]) -> dict[str, str]:
     """CPU, memory and extended resources (``vendor/name``: GPU requests among them), interned."""
-    return {
-        sys.intern(k): sys.intern(v) for k, v in amounts.items() if k in _HOST_NAMES or "/" in k
-    }
+    return {sys.intern(k): sys.intern(v) for k, v in amounts.items() if k in _HOST_NAMES or "/" in k}
 
 
 _HOST_NAMES = frozenset(("cpu", "memory"))

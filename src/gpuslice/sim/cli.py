@@ -242,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
                 )
 
             results = experiment.run_all(jobs, workers, done)
-        report.show(report.summarize(results), console)
+        report.show(report.summarize(results), console, args.workload)
     replays = _replay(args, nodes, pods, console) if args.replay_policy else []
     if args.json:
         print(json.dumps([r.as_json() for r in results] + [r.as_json() for r in replays]))

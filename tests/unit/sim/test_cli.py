@@ -89,6 +89,17 @@ def test_table_and_plot(files: tuple[Path, Path], capsys: pytest.CaptureFixture[
     assert png.stat().st_size > 1000
 
 
+def test_online_table_says_where_the_workload_came_from(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = files
+    args = ("simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "fgd", "--seeds", "3")
+    code, out = run(capsys, *args, "--workload", "online", "--jobs", "1")
+    assert code == 0 and "learned online" in out and "paper (oracle)" in out
+    code, out = run(capsys, *args, "--jobs", "1")
+    assert code == 0 and "the paper's oracle" in out and "learned online" not in out
+
+
 def test_five_column_variant_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "nodes.csv").write_text(NODES)
     (tmp_path / "pods.csv").write_text(PODS_5COL)
