@@ -105,16 +105,16 @@ def test_online_workload_observes_each_gpu_pod_before_scoring() -> None:
     a = trace.make_pod("a", 1000, 0, 1, 470)
     assert placer.place(a) is not None
     assert placer.ctx.workload is not None
-    assert placer.ctx.workload.shapes == (shares.shape_of(shares.demand(a.request)),)
+    assert list(placer.ctx.workload.shapes) == [shares.shape_of(shares.demand(a.request))]
     placer.place(trace.make_pod("huge", 64000, 0, 1, 470))  # no node has the CPU: the filter is not asked
-    assert len(placer.ctx.workload.shapes) == 1
+    assert len(list(placer.ctx.workload.shapes)) == 1
     # a pod without GPUs is observed as the extender's pod feed observes it: (CPU, 0, 0)
     placer.place(trace.make_pod("cpu", 1500, 0, 0, 0))
     assert registry.Shape(cpu_milli=1500, share_milli=0, count=0) in placer.ctx.workload.shapes
-    assert len(placer.ctx.workload.shapes) == 2
+    assert len(list(placer.ctx.workload.shapes)) == 2
     b = trace.make_pod("b", 2000, 0, 1, 1000)
     placer.place(b)
-    assert len(placer.ctx.workload.shapes) == 3
+    assert len(list(placer.ctx.workload.shapes)) == 3
 
 
 def test_same_workload_keeps_cached_scores() -> None:
