@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import numpy as np
@@ -16,6 +17,9 @@ from gpuslice.cache import shapes
 from gpuslice.model import config as model_config
 from gpuslice.policy import registry
 from gpuslice.sim import engine, metrics, trace, workload
+
+J = TypeVar("J")
+R = TypeVar("R")
 
 WORKLOADS = ("oracle", "online")
 """Where FGD-style policies get their target workload: the whole trace (the paper's protocol) or,
@@ -143,20 +147,30 @@ def run_all(
     jobs: Sequence[Job], workers: int, on_done: Callable[[Result], None] | None = None
 ) -> list[Result]:
     """Run the jobs (in a process pool when ``workers`` > 1), results in job order."""
-    results: dict[int, Result] = {}
-    for idx, res in _iterate(jobs, workers):
+    return run_many(run_job, jobs, workers, on_done)
+
+
+def run_many(
+    fn: Callable[[J], R], jobs: Sequence[J], workers: int, on_done: Callable[[R], None] | None = None
+) -> list[R]:
+    """``fn`` of every job, in job order (a process pool when ``workers`` > 1: ``fn`` module-level).
+
+    ``on_done`` sees each result as it comes.
+    """
+    results: dict[int, R] = {}
+    for idx, res in _iterate(fn, jobs, workers):
         results[idx] = res
         if on_done is not None:
             on_done(res)
     return [results[i] for i in range(len(jobs))]
 
 
-def _iterate(jobs: Sequence[Job], workers: int) -> Iterator[tuple[int, Result]]:
+def _iterate(fn: Callable[[J], R], jobs: Sequence[J], workers: int) -> Iterator[tuple[int, R]]:
     if workers <= 1 or len(jobs) <= 1:
         for idx, job in enumerate(jobs):
-            yield idx, run_job(job)
+            yield idx, fn(job)
         return
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_job, job): idx for idx, job in enumerate(jobs)}
+        futures = {pool.submit(fn, job): idx for idx, job in enumerate(jobs)}
         for fut in concurrent.futures.as_completed(futures):
             yield futures[fut], fut.result()

@@ -34,12 +34,11 @@ finds a node with room for its host CPU and memory: the extender's filter observ
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import heapq
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ from gpuslice.cache import shapes
 from gpuslice.model import allocations, nodes
 from gpuslice.model import config as model_config
 from gpuslice.policy import registry
-from gpuslice.sim import cluster, engine, loadscale, trace, workload
+from gpuslice.sim import cluster, engine, experiment, loadscale, trace, workload
 
 QUEUE_LIMIT = 1000
 """Most pods waiting at once; later arrivals are rejected while it is full."""
@@ -455,20 +454,4 @@ def run_all(
     jobs: Sequence[ReplayJob], workers: int, on_done: Callable[[ReplayResult], None] | None = None
 ) -> list[ReplayResult]:
     """Run the jobs (in a process pool when ``workers`` > 1), results in job order."""
-    results: dict[int, ReplayResult] = {}
-    for idx, res in _iterate(jobs, workers):
-        results[idx] = res
-        if on_done is not None:
-            on_done(res)
-    return [results[i] for i in range(len(jobs))]
-
-
-def _iterate(jobs: Sequence[ReplayJob], workers: int) -> Iterator[tuple[int, ReplayResult]]:
-    if workers <= 1 or len(jobs) <= 1:
-        for idx, job in enumerate(jobs):
-            yield idx, run_job(job)
-        return
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_job, job): idx for idx, job in enumerate(jobs)}
-        for fut in concurrent.futures.as_completed(futures):
-            yield futures[fut], fut.result()
+    return experiment.run_many(run_job, jobs, workers, on_done)
