@@ -93,7 +93,6 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
         capacity: tuple[tuple[str, int], ...] = (),
     ) -> None:
         super().__init__(workload)
-        self._capacity = capacity
         self._by_model: dict[str, fragcolumns.Weights] = {}
         self._prepare(workload, capacity)
         # The CPU step table by node card count: one shared table up to ``width``, then one as wide;
