@@ -8,25 +8,9 @@ from pathlib import Path
 import pytest
 
 from gpuslice import cli
+from tests.unit.sim.test_cli import NODES, PODS  # the same small trace with times
 
 pytestmark = pytest.mark.unit
-
-NODES = """sn,cpu_milli,memory_mib,gpu,model
-n0,32000,131072,2,T4
-n1,64000,262144,4,G2
-n2,8000,32768,1,V100M16
-"""
-
-PODS = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,\
-creation_time,deletion_time,scheduled_time
-p0,4000,8192,1,1000,,LS,Running,0,100,0
-p1,2000,4096,1,470,,LS,Running,10,50,10
-p2,2000,4096,1,470,,LS,Running,20,200,20
-p3,16000,16384,0,0,,BE,Running,30,40,30
-p4,8000,8192,2,1000,G2,LS,Running,40,300,40
-p5,3000,4096,1,810,,LS,Running,45,90,45
-p6,12000,8192,1,1000,,LS,Running,60,70,60
-"""
 
 KEYS = {
     "policy", "seed", "mode", "workload", "load", "offered_load_pct", "arrival_rate_per_s", "gap_factor",
