@@ -8,6 +8,7 @@ UUIDs are ``GPU-<node>-<index>``. Everything returns frozen model objects.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Self
 
 from gpuslice.model import allocations, devices, nodes, requests, topology
@@ -246,6 +247,44 @@ def node(name: str = "n1") -> NodeBuilder:
 
 def pod(name: str = "p") -> PodBuilder:
     return PodBuilder(name)
+
+
+def bridged(
+    node_name: str,
+    n: int,
+    pairs: Iterable[tuple[int, int]],
+    *,
+    links: int = 4,
+    gbps: float | None = None,
+    pcie_gbps: float | None = 31.5,
+    level: topology.PcieLevel = topology.PcieLevel.NODE,
+    p2p_nvlink_only: bool = False,
+) -> topology.Topology:
+    """``node_name``'s n cards with ``links``-link NVLink bridges between ``pairs``, PCIe elsewhere.
+
+    A bridged pair has ``gbps`` GB/s (``links`` x 25 by default), any other pair ``pcie_gbps``
+    (None: no bandwidth matrix at all); every pair meets at PCIe ``level``; peer-to-peer works
+    between every pair, or only across NVLink with ``p2p_nvlink_only``.
+    """
+    nv = [[0] * n for _ in range(n)]
+    for a, b in pairs:
+        nv[a][b] = nv[b][a] = links
+    nvlink_gbps = links * 25.0 if gbps is None else gbps
+    bandwidth = None
+    if pcie_gbps is not None:
+        bandwidth = tuple(
+            tuple(0.0 if i == j else (nvlink_gbps if nv[i][j] else pcie_gbps) for j in range(n))
+            for i in range(n)
+        )
+    return topology.Topology(
+        uuids=tuple(uuid(node_name, i) for i in range(n)),
+        nvlinks=tuple(tuple(r) for r in nv),
+        pcie=tuple(
+            tuple(topology.PcieLevel.INTERNAL if i == j else level for j in range(n)) for i in range(n)
+        ),
+        p2p=tuple(tuple(nv[i][j] > 0 if p2p_nvlink_only else i != j for j in range(n)) for i in range(n)),
+        bandwidth=bandwidth,
+    )
 
 
 def alloc(

@@ -41,6 +41,14 @@ class GpuRecord(msgspec.Struct, frozen=True, kw_only=True):
         pci_bus_id: bus id as NVML returns it, e.g. ``00000000:18:00.0``.
         numa_node: NUMA node of the card; None when unknown (unsupported or no NUMA).
         mig_enabled: current MIG mode; None when the card has no MIG.
+        pcie_generation: current PCIe link generation (``nvmlDeviceGetCurrPcieLinkGeneration``).
+        pcie_width: current PCIe link width in lanes (``nvmlDeviceGetCurrPcieLinkWidth``).
+        pcie_max_generation: highest generation of the card in this system
+            (``nvmlDeviceGetMaxPcieLinkGeneration``).
+        pcie_max_width: widest link of the card in this system (``nvmlDeviceGetMaxPcieLinkWidth``).
+        architecture: ``nvmlDeviceArchitecture_t`` (e.g. 7 Ampere, 9 Hopper).
+
+    The PCIe and architecture fields are None where NVML does not answer.
     """
 
     index: int
@@ -50,6 +58,11 @@ class GpuRecord(msgspec.Struct, frozen=True, kw_only=True):
     pci_bus_id: str
     numa_node: int | None = None
     mig_enabled: bool | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_max_generation: int | None = None
+    pcie_max_width: int | None = None
+    architecture: int | None = None
 
 
 class NvLinkRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,11 +72,14 @@ class NvLinkRecord(msgspec.Struct, frozen=True, kw_only=True):
         link: link number (0..35).
         remote_bus_id: PCI bus id of the far end (a GPU, or an NVSwitch).
         remote_type: ``REMOTE_GPU``, ``REMOTE_IBMNPU`` or ``REMOTE_SWITCH``.
+        version: ``nvmlNvlinkVersion_t`` of the link (``nvmlDeviceGetNvLinkVersion``; 1 = 1.0 ...
+            6 = 4.0, 7 = 5.0); None when NVML does not say.
     """
 
     link: int
     remote_bus_id: str
     remote_type: int = REMOTE_GPU
+    version: int | None = None
 
 
 class PairRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from gpuslice.agent import backend, collect
+from gpuslice.agent import backend, bandwidth, collect
 from gpuslice.model import devices, nodes, topology
 
 
@@ -198,11 +198,14 @@ def discover(
     ]
     for a in asym:
         notes.append(f"GPUs {a.a},{a.b}: asymmetric NVLink count ({a.forward} vs {a.backward}); pair score 0")
+    if not any(bandwidth.card_pcie(g) for g in gpus):
+        notes.append("PCIe link generation and width unknown; PCIe pair bandwidth published as 0")
     topo = topology.Topology(
         uuids=tuple(g.uuid for g in gpus),
         nvlinks=tuple(tuple(row) for row in nvl),
         pcie=tuple(tuple(row) for row in pcie),
         p2p=tuple(tuple(row) for row in p2p),
+        bandwidth=bandwidth.matrix(gpus, links, nvl),
     )
     scores = tuple(
         tuple(0 if i == j or nvl[i][j] != nvl[j][i] else topo.pair_score(i, j) for j in range(n))

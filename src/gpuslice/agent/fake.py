@@ -18,6 +18,11 @@ Shapes (``fake:<name>`` on the command line):
 * ``l40s-2``: two L40S, one per socket. The L40S has no NVLink connector, so the pair is PCIe
   SYSTEM only; the bridged two-card shape is ``a40-2``.
 * ``none``: a node where NVML works but sees no GPU.
+
+Links and PCIe as NVML reports them on such machines: NVLink 4.0 (``nvmlNvlinkVersion_t`` 6) on
+H100, 3.0 (4) on the A40 bridge; PCIe Gen5 x16 on H100 SXM5, Gen4 x16 on A100 PCIe, A40 and L40S,
+Gen3 x16 on T4. The agent derives 450 GB/s for an H100 pair, 100 GB/s for the A40 pair and
+31.5 / 15.8 GB/s for PCIe Gen4 / Gen3 pairs (``agent.bandwidth``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from gpuslice.agent import backend
 _CHIPSET_NOT_SUPPORTED = 1
 _IOH_TOPOLOGY_NOT_SUPPORTED = 3
 _NODE, _SINGLE, _HOSTBRIDGE, _SYSTEM = 40, 10, 30, 50
+_NVLINK_3_0, _NVLINK_4_0 = 4, 6  # nvmlNvlinkVersion_t
+_ARCH_TURING, _ARCH_AMPERE, _ARCH_ADA, _ARCH_HOPPER = 6, 7, 8, 9  # nvmlDeviceArchitecture_t
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +85,8 @@ def _build(
     links: list[list[backend.NvLinkRecord]],
     power_limit_w: float,
     mig: bool | None,
+    pcie: tuple[int, int] = (4, 16),
+    architecture: int | None = None,
 ) -> Shape:
     n = len(buses)
     gpus = tuple(
@@ -89,6 +98,11 @@ def _build(
             pci_bus_id=_bus(buses[i]),
             numa_node=numa[i],
             mig_enabled=mig,
+            pcie_generation=pcie[0],
+            pcie_width=pcie[1],
+            pcie_max_generation=pcie[0],
+            pcie_max_width=pcie[1],
+            architecture=architecture,
         )
         for i in range(n)
     )
@@ -131,7 +145,12 @@ def _h100_8() -> Shape:
         for sw, count in zip(switches, per_switch, strict=True):
             for _k in range(count):
                 mine.append(
-                    backend.NvLinkRecord(link=len(mine), remote_bus_id=sw, remote_type=backend.REMOTE_SWITCH)
+                    backend.NvLinkRecord(
+                        link=len(mine),
+                        remote_bus_id=sw,
+                        remote_type=backend.REMOTE_SWITCH,
+                        version=_NVLINK_4_0,
+                    )
                 )
         links.append(mine)
     level: list[list[int | None]] = [
@@ -148,6 +167,8 @@ def _h100_8() -> Shape:
         links,
         700.0,
         False,
+        pcie=(5, 16),
+        architecture=_ARCH_HOPPER,
     )
 
 
@@ -174,6 +195,8 @@ def _a100_8_2numa() -> Shape:
         [[] for _ in range(8)],
         250.0,
         False,
+        pcie=(4, 16),
+        architecture=_ARCH_AMPERE,
     )
 
 
@@ -190,13 +213,19 @@ def _t4_4() -> Shape:
         [[] for _ in range(4)],
         70.0,
         None,
+        pcie=(3, 16),
+        architecture=_ARCH_TURING,
     )
 
 
 def _a40_2() -> Shape:
     buses = [0x41, 0x61]
     links = [
-        [backend.NvLinkRecord(link=k, remote_bus_id=_bus(buses[1 - i])) for k in range(4)] for i in range(2)
+        [
+            backend.NvLinkRecord(link=k, remote_bus_id=_bus(buses[1 - i]), version=_NVLINK_3_0)
+            for k in range(4)
+        ]
+        for i in range(2)
     ]
     return _build(
         "a40-2",
@@ -209,6 +238,8 @@ def _a40_2() -> Shape:
         links,
         300.0,
         None,
+        pcie=(4, 16),
+        architecture=_ARCH_AMPERE,
     )
 
 
@@ -224,6 +255,8 @@ def _l40s_2() -> Shape:
         [[], []],
         350.0,
         None,
+        pcie=(4, 16),
+        architecture=_ARCH_ADA,
     )
 
 

@@ -54,6 +54,11 @@ def _error(exc: BaseException, what: str) -> backend.BackendError:
     return backend.BackendError(reason, f"{what}: {exc}")
 
 
+def _absent(*_args: Any) -> None:
+    """Stands in for an NVML function an old nvidia-ml-py does not have."""
+    return None
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -122,6 +127,17 @@ class NvmlBackend:
         pci = pynvml.nvmlDeviceGetPciInfo(h)
         bus_id = _text(pci.busId)
         mig = self._optional(pynvml.nvmlDeviceGetMigMode, h)
+        pcie = [
+            self._optional(getattr(pynvml, name, _absent), h)
+            for name in (
+                "nvmlDeviceGetCurrPcieLinkGeneration",
+                "nvmlDeviceGetCurrPcieLinkWidth",
+                "nvmlDeviceGetMaxPcieLinkGeneration",
+                "nvmlDeviceGetMaxPcieLinkWidth",
+                "nvmlDeviceGetArchitecture",
+            )
+        ]
+        gen, width, max_gen, max_width, arch = (None if v is None else int(v) for v in pcie)
         return backend.GpuRecord(
             index=i,
             uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
@@ -130,6 +146,11 @@ class NvmlBackend:
             pci_bus_id=bus_id,
             numa_node=self._numa(h, bus_id),
             mig_enabled=None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
+            pcie_generation=gen,
+            pcie_width=width,
+            pcie_max_generation=max_gen,
+            pcie_max_width=max_width,
+            architecture=arch,
         )
 
     def _numa(self, h: Any, bus_id: str) -> int | None:
@@ -154,6 +175,7 @@ class NvmlBackend:
                 continue
             remote = self._optional(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
             kind = self._optional(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+            version = self._optional(getattr(pynvml, "nvmlDeviceGetNvLinkVersion", _absent), h, link)
             if remote is None:
                 continue
             out.append(
@@ -161,6 +183,7 @@ class NvmlBackend:
                     link=link,
                     remote_bus_id=_text(remote.busId),
                     remote_type=backend.REMOTE_GPU if kind is None else int(kind),
+                    version=None if version is None else int(version),
                 )
             )
         return tuple(out)

@@ -60,5 +60,8 @@ GPU_UUID_EXCLUDE = "hami.io/gpu-uuid-exclude"
 """Alias of ``nvidia.com/nouse-gpuuuid``."""
 NUMA_HINT = "hami.io/numa-hint"
 """A required NUMA node id (integer) for every card of the pod."""
+GPU_TOPOLOGY_REQUIREMENT = "hami.io/gpu-topology-requirement"
+"""Link requirement between the cards of a multi-card container, JSON
+``{"RequireNVLink": true, "MinGPUBandwidth": 200}`` (GB/s; see ``gpuslice.codec.linkreq``)."""
 DEVICE_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
 """Card-score weights ``slot=1,core=1,memory=3``; all three keys required, at least one positive."""

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 
 from gpuslice.codec import errors as codec_errors
-from gpuslice.codec import goparse, pod_selectors, podspec, quantity
+from gpuslice.codec import goparse, linkreq, pod_selectors, podspec, quantity
 from gpuslice.model import config as model_config
 from gpuslice.model import requests
 
@@ -270,8 +270,12 @@ def parse_pod(
 ) -> requests.PodRequest:
     """A Kubernetes pod dict as a ``PodRequest``: init containers first, selectors, overrides.
 
+    Also its ``hami.io/gpu-topology-requirement`` (``codec.linkreq``), its controller owner's UID
+    and its labels (``PodRequest.job``: the balanced policy's task affinity).
+
     Raises:
-        DecodeError: a malformed pod structure, quantity or ``hami.io/numa-hint``.
+        DecodeError: a malformed pod structure, quantity, ``hami.io/numa-hint`` or
+            ``hami.io/gpu-topology-requirement``.
     """
     metadata = podspec.metadata(pod)
     annotations = podspec.pod_annotations(pod)
@@ -296,7 +300,28 @@ def parse_pod(
         scoring_weights=pod_selectors.scoring_weights(annotations),
         cpu_milli=cpu,
         memory_mib=mem,
+        topology=linkreq.requirement(annotations),
+        owner=controller_uid(metadata.get("ownerReferences")),
+        labels=_labels(metadata.get("labels")),
     )
+
+
+def controller_uid(owners: object) -> str:
+    """The UID of the owner reference marked ``controller: true`` ('' when none or malformed)."""
+    if not isinstance(owners, list):
+        return ""
+    for ref in owners:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) else ""
+    return ""
+
+
+def _labels(labels: object) -> tuple[tuple[str, str], ...]:
+    """``metadata.labels`` as sorted pairs (non-string values, which the API never stores, skipped)."""
+    if not isinstance(labels, Mapping) or not labels:
+        return ()
+    return tuple(sorted((k, v) for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)))
 
 
 class QuotaLimits(msgspec.Struct, frozen=True, kw_only=True):

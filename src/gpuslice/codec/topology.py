@@ -12,12 +12,16 @@ carries what the scores lose, versioned for later additions::
      "p2p":[[0,1],[1,0]],"numa":[0,0]}
 
 ``nvlink`` counts active links, ``pcie`` holds NVML ``nvmlGpuTopologyLevel_t`` values, ``p2p``
-is 0/1 and ``numa`` (optional) the NUMA node per card. Unknown keys are ignored, so fields can be
-added without a new version.
+is 0/1 and ``numa`` (optional) the NUMA node per card. ``bw`` (optional, added later) is the
+link bandwidth of each pair in GB/s per direction (``gpuslice.agent.bandwidth``, docs/topology.md):
+NVLink pairs their links times the per-link rate, other pairs the slower card's PCIe link; 0 on
+the diagonal and where unknown. Unknown keys are ignored, so fields can be added without a new
+version, and an annotation without ``bw`` decodes with ``Topology.bandwidth`` None.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -47,6 +51,7 @@ class _TopologyWire(msgspec.Struct, frozen=True, omit_defaults=True):
     pcie: list[list[int]]
     p2p: list[list[int]]
     numa: list[int] | None = None
+    bw: list[list[float]] | None = None
 
 
 class TopologyAnnotation(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,6 +158,7 @@ def encode_topology(topo: topology.Topology, numa: Sequence[int] | None = None) 
         pcie=[[int(level) for level in row] for row in topo.pcie],
         p2p=[[int(b) for b in row] for row in topo.p2p],
         numa=None if numa is None else list(numa),
+        bw=None if topo.bandwidth is None else [[float(x) for x in row] for row in topo.bandwidth],
     )
     return _ENCODER.encode(wire).decode()
 
@@ -161,7 +167,7 @@ def _fail(field: str, detail: str) -> errors.DecodeError:
     return errors.DecodeError(keys.GPU_TOPOLOGY, field, detail)
 
 
-def _square(name: str, matrix: list[list[int]], n: int) -> None:
+def _square(name: str, matrix: list[list[int]] | list[list[float]], n: int) -> None:
     if len(matrix) != n or any(len(row) != n for row in matrix):
         raise _fail(name, f"{name} must be a {n}x{n} matrix")
 
@@ -171,7 +177,8 @@ def decode_topology(value: str) -> TopologyAnnotation:
 
     Raises:
         DecodeError: malformed JSON, another version, non-square matrices, unknown PCIe levels,
-            negative link counts, P2P entries other than 0/1, duplicate UUIDs.
+            negative link counts, P2P entries other than 0/1, duplicate UUIDs, a bandwidth
+            matrix that is not square or holds negative or non-finite values.
     """
     try:
         wire = _TOPOLOGY_DECODER.decode(value)
@@ -193,10 +200,15 @@ def decode_topology(value: str) -> TopologyAnnotation:
         raise _fail("pcie", f"PCIe levels must be one of {sorted(valid)}")
     if wire.numa is not None and len(wire.numa) != n:
         raise _fail("numa", f"numa must list {n} nodes")
+    if wire.bw is not None:
+        _square("bw", wire.bw, n)
+        if any(not math.isfinite(x) or x < 0 for row in wire.bw for x in row):
+            raise _fail("bw", "bandwidths must be finite and non-negative")
     topo = topology.Topology(
         uuids=tuple(wire.uuids),
         nvlinks=tuple(tuple(row) for row in wire.nvlink),
         pcie=tuple(tuple(topology.PcieLevel(x) for x in row) for row in wire.pcie),
         p2p=tuple(tuple(bool(x) for x in row) for row in wire.p2p),
+        bandwidth=None if wire.bw is None else tuple(tuple(float(x) for x in row) for row in wire.bw),
     )
     return TopologyAnnotation(topology=topo, numa=None if wire.numa is None else tuple(wire.numa))

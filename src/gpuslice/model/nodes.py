@@ -30,6 +30,8 @@ class NodeInventory(msgspec.Struct, frozen=True, kw_only=True):
         cpu_milli: allocatable CPU, when tracked (the simulator tracks it; the extender leaves
             host resources to kube-scheduler and keeps 0 = untracked).
         memory_mib: allocatable host memory, when tracked (0 = untracked).
+        telemetry_at: when ``telemetry`` was read (Unix seconds, the annotation's ``ts``); None
+            when unknown (the simulator, tests): such readings never count as stale.
     """
 
     name: str
@@ -39,6 +41,7 @@ class NodeInventory(msgspec.Struct, frozen=True, kw_only=True):
     telemetry: tuple[CardTelemetry, ...] = ()
     cpu_milli: int = 0
     memory_mib: int = 0
+    telemetry_at: float | None = None
 
     @property
     def model(self) -> str:
@@ -57,16 +60,39 @@ class CardUsage(msgspec.Struct, frozen=True):
 EMPTY_CARD = CardUsage()
 
 
+class JobOnNode(msgspec.Struct, frozen=True):
+    """The pods of one job held on a node (``NodeState.jobs``).
+
+    Attributes:
+        job: the job key (``requests.PodRequest.job``).
+        pods: how many of its pods the node holds.
+        cards: positions (into ``inventory.devices``) of the cards they hold, sorted.
+    """
+
+    job: str
+    pods: int
+    cards: tuple[int, ...] = ()
+
+
 class NodeState(msgspec.Struct, frozen=True, kw_only=True):
     """A node as policies judge it: its inventory and what is in use on each card.
 
-    ``usage[i]`` belongs to ``inventory.devices[i]``.
+    ``usage[i]`` belongs to ``inventory.devices[i]``. ``jobs`` lists, sorted by job, the jobs
+    whose pods the node holds (empty where nobody tracks jobs, e.g. the simulator).
     """
 
     inventory: NodeInventory
     usage: tuple[CardUsage, ...]
     cpu_used_milli: int = 0
     memory_used_mib: int = 0
+    jobs: tuple[JobOnNode, ...] = ()
+
+    def job(self, key: str) -> JobOnNode | None:
+        """The node's pods of job ``key``, or None when it holds none."""
+        for j in self.jobs:
+            if j.job == key:
+                return j
+        return None
 
     @property
     def name(self) -> str:

@@ -90,6 +90,27 @@ class Selectors(msgspec.Struct, frozen=True, kw_only=True):
 NO_SELECTORS = Selectors()
 
 
+class TopologyRequirement(msgspec.Struct, frozen=True, kw_only=True):
+    """What a multi-card container needs between its cards (``hami.io/gpu-topology-requirement``).
+
+    Attributes:
+        require_nvlink: every pair of the container's cards must be NVLink-connected.
+        min_bandwidth_gbps: every pair's link bandwidth (GB/s per direction, as the node agent
+            publishes it) must be at least this; 0 = no minimum.
+
+    It applies to each container asking for two or more cards; a one-card container has no pair
+    and is unaffected (docs/topology.md).
+    """
+
+    require_nvlink: bool = False
+    min_bandwidth_gbps: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        """True when the requirement restricts anything."""
+        return self.require_nvlink or self.min_bandwidth_gbps > 0
+
+
 class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the filter and the policies need to know about a pod.
 
@@ -108,6 +129,9 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
         scoring_weights: per-pod card-score weights (``hami.io/device-scoring-weights``), or None.
         cpu_milli: host CPU request (tracked only by the simulator).
         memory_mib: host memory request (tracked only by the simulator).
+        topology: link requirement between the cards of each multi-card container, or None.
+        owner: UID of the pod's controller owner reference ('' without one): its job by default.
+        labels: the pod's labels as sorted pairs (a configured job label may name its job).
     """
 
     namespace: str = "default"
@@ -122,6 +146,9 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
     scoring_weights: ScoringWeights | None = None
     cpu_milli: int = 0
     memory_mib: int = 0
+    topology: TopologyRequirement | None = None
+    owner: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def wants_gpu(self) -> bool:
@@ -133,7 +160,25 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
         """The app containers' requests (init containers excluded)."""
         return self.containers[self.init_count :]
 
+    def label(self, key: str) -> str | None:
+        """The value of one label, or None when the pod does not carry it."""
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return None
+
+    def job(self, job_label: str = "") -> str:
+        """The pod's job: the value of ``job_label`` when set and carried, else its controller owner."""
+        return job_key(self.owner, self.label(job_label) if job_label else None)
+
     @property
     def max_count(self) -> int:
         """The largest card count any single container asks for."""
         return max((c.count for c in self.containers if c is not None), default=0)
+
+
+def job_key(owner: str, label_value: str | None) -> str:
+    """A job key: ``label:<value>`` when the job label has a value, else ``owner:<uid>``; '' for neither."""
+    if label_value:
+        return f"label:{label_value}"
+    return f"owner:{owner}" if owner else ""

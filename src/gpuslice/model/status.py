@@ -52,6 +52,13 @@ NODE_LOCK_HELD = "NodeLockHeld"
 NODE_ALLOCATE_STALLED = "NodeAllocateStalled"
 """The node's device plugin left an Allocate unanswered past the timeout; it gets no pods until it
 answers one or a cool-off has passed."""
+NVLINK_REQUIRED = "NVLinkRequired"
+"""The pod's ``gpu-topology-requirement`` asks for NVLink between every pair of its cards, and no
+such set of enough eligible cards exists on the node (docs/topology.md)."""
+INSUFFICIENT_GPU_BANDWIDTH = "InsufficientGPUBandwidth"
+"""The pod's ``gpu-topology-requirement`` asks for a minimum link bandwidth between every pair of
+its cards, and no such set of enough eligible cards exists on the node (or the node publishes no
+bandwidth; docs/topology.md)."""
 
 ALL_REASONS: tuple[str, ...] = (
     INSUFFICIENT_GPU_MEMORY,
@@ -73,6 +80,8 @@ ALL_REASONS: tuple[str, ...] = (
     NODE_HANDSHAKE_STALE,
     NODE_LOCK_HELD,
     NODE_ALLOCATE_STALLED,
+    NVLINK_REQUIRED,
+    INSUFFICIENT_GPU_BANDWIDTH,
 )
 
 

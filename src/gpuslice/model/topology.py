@@ -76,12 +76,17 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
         nvlinks: ``nvlinks[i][j]`` active NVLink links between card i and j (0 on the diagonal).
         pcie: ``pcie[i][j]`` the PCIe common-ancestor level (``INTERNAL`` on the diagonal).
         p2p: ``p2p[i][j]`` True when peer-to-peer read/write is supported.
+        bandwidth: ``bandwidth[i][j]`` link bandwidth in GB/s per direction between card i and j
+            (0 on the diagonal and where unknown), as the node agent derives it from NVML
+            (``gpuslice.agent.bandwidth``; docs/topology.md); None when not published (HAMi's pair
+            scores, agents before this field).
     """
 
     uuids: tuple[str, ...]
     nvlinks: tuple[tuple[int, ...], ...]
     pcie: tuple[tuple[PcieLevel, ...], ...]
     p2p: tuple[tuple[bool, ...], ...]
+    bandwidth: tuple[tuple[float, ...], ...] | None = None
 
     def position(self, uuid: str) -> int | None:
         """Row of a card in the matrices, or None when the topology does not know it."""
@@ -93,6 +98,16 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
     def pair_score(self, i: int, j: int) -> int:
         """HAMi pair score between rows i and j."""
         return hami_pair_score(self.pcie[i][j], self.nvlinks[i][j])
+
+    def pair_nvlinks(self, i: int, j: int) -> int:
+        """Active NVLinks between rows i and j, the weaker direction."""
+        return min(self.nvlinks[i][j], self.nvlinks[j][i])
+
+    def pair_bandwidth(self, i: int, j: int) -> float | None:
+        """Link bandwidth in GB/s between rows i and j (the weaker direction); None when not published."""
+        if self.bandwidth is None:
+            return None
+        return min(self.bandwidth[i][j], self.bandwidth[j][i])
 
 
 def uniform(uuids: tuple[str, ...], level: PcieLevel = PcieLevel.SYSTEM, nvlinks: int = 0) -> Topology:

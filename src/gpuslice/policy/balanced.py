@@ -7,13 +7,24 @@ placement, the score is ``floor(0.4 * U + 0.3 * A + 0.2 * T + 0.1 * F)`` where, 
 
 * U, utilisation balance: ``100 * (1 - 2 * std(u))`` over the node's cards (population std; the
   largest std of values in [0, 1] is 0.5), clipped to 0..100. One card: 100.
-* A, task affinity: like joins like. A fractional request (cores < 100 and memory below the whole
-  card) scores the share of S already in use before placement (fractional tasks share cards and
-  leave idle cards whole). A whole-card request scores the share of the node's other cards that
-  are held exclusively (whole-card tasks gather on the same nodes); 100 when S is the whole node.
+* A, task affinity: pods of the same job close together (the design document's meaning). A pod's
+  job is ``Context.job`` (its controller owner reference, or a configured label:
+  ``requests.PodRequest.job``), and ``Context.job_nodes`` says where the job's other pods are
+  (``nodes.NodeState.jobs``, kept by the extender's cache). When the job has placed pods: 0 on a
+  node holding none of them; on a node holding some, ``50 + 50 * close / |S|`` where a chosen
+  card is close when the job already holds it or it shares an NVLink with a card the job holds
+  (``linktables`` p2p 100); every card is close on a node without a topology, or when the job's
+  pods there hold no card (same node is the closest known). Without a job, or for a job's first
+  pod (nothing to be close to; the simulator's pods, which have no job), like joins like, as
+  before: a fractional request (cores < 100 and memory below the whole card) scores the share of
+  S already in use before placement (fractional tasks share cards and leave idle cards whole); a
+  whole-card request scores the share of the node's other cards that are held exclusively
+  (whole-card tasks gather on the same nodes); 100 when S is the whole node.
 * T, thermal and power headroom of S from ``inventory.telemetry``: per card the mean of the
   readings present, temperature ``100 * clip((90 - t) / 60)`` (30 C or less = 100, 90 C or more = 0)
   and power ``100 * clip(1 - draw / limit)``; mean over cards with readings; 50 when none has any.
+  Readings older than ``Context.telemetry_max_age_s`` at ``Context.now`` count as none
+  (``thermal.fresh``).
 * F, memory fragmentation: ``100 * (1 - stranded / |S|)``, where a chosen card is stranded when
   its free memory after placement is above 0 but below 10 % of the card (a sliver nobody can use).
 
@@ -40,7 +51,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from gpuslice.model import allocations, devices, nodes, requests
-from gpuslice.policy import cards, columns, fit, registry, thermal, usage, vectorfit
+from gpuslice.policy import cards, columns, fit, linktables, registry, thermal, usage, vectorfit
 
 W_BALANCE, W_AFFINITY, W_THERMAL, W_FRAGMENTATION = 0.4, 0.3, 0.2, 0.1
 NEUTRAL = 50.0
@@ -49,7 +60,9 @@ STRANDED_FRACTION = 0.10
 _TM, _UM, _TC, _UC, _SLOTS = (
     columns.CARD_FIELDS.index(f) for f in ("total_mem", "used_mem", "total_cores", "used_cores", "used_slots")
 )
-_NCARDS, _NOCAP, _HEAD_CARDS = (columns.ROW_FIELDS.index(f) for f in ("ncards", "nocap_cards", "head_cards"))
+_NCARDS, _NOCAP, _HEAD_CARDS, _LINKS_ID = (
+    columns.ROW_FIELDS.index(f) for f in ("ncards", "nocap_cards", "head_cards", "links_id")
+)
 
 
 class Balanced:
@@ -70,7 +83,7 @@ class Balanced:
         ctx: registry.Context,
     ) -> tuple[int, ...] | None:
         """The emptiest eligible cards after the request; ties to the cooler card, then index."""
-        heads = thermal.headrooms(state)
+        heads = thermal.headrooms(state, ctx.now, ctx.telemetry_max_age_s)
         wm, wc = usage.DEFAULT_MEMORY_WEIGHT, usage.DEFAULT_CORES_WEIGHT
         cool = [NEUTRAL if h is None else h for h in heads]
         ranked = sorted(eligible, key=lambda i: (usage.card_key(state, i, request, wm, wc), -cool[i], i))
@@ -83,7 +96,7 @@ class Balanced:
         placed = fit.place(state, pod, self, ctx)
         if placed.allocation is None:
             return registry.Scored(0)
-        return registry.Scored(components(state, pod, placed.allocation)[-1])
+        return registry.Scored(components(state, pod, placed.allocation, ctx)[-1])
 
     def score_columns(
         self,
@@ -96,11 +109,14 @@ class Balanced:
         req = vectorfit.request_of(pod, None)
         if req is None:
             raise ValueError("score_columns needs a pod with one GPU container (see vectorfit.request_of)")
-        return _score_rows(cols, rows, pod, req)
+        return _score_rows(cols, rows, pod, req, ctx)
 
 
 def components(
-    state: nodes.NodeState, pod: requests.PodRequest, alloc: allocations.PodAllocation
+    state: nodes.NodeState,
+    pod: requests.PodRequest,
+    alloc: allocations.PodAllocation,
+    ctx: registry.Context = registry.EMPTY_CONTEXT,
 ) -> tuple[float, float, float, float, int]:
     """(U, A, T, F, score) for a placement (exposed for tests and explanations)."""
     after = allocations.apply(state, alloc)
@@ -114,8 +130,9 @@ def components(
     mean = _sum(u) / len(u)
     std = math.sqrt(_sum([(x - mean) * (x - mean) for x in u]) / len(u))
     balance = min(100.0, max(0.0, 100.0 * (1.0 - 2.0 * std)))
-    affinity = _affinity(state, pod, chosen)
-    heads = thermal.headrooms(state)
+    job = _job_affinity(ctx, state, tuple(chosen))
+    affinity = _affinity(state, pod, chosen) if job is None else job
+    heads = thermal.headrooms(state, ctx.now, ctx.telemetry_max_age_s)
     readings = [h for i in chosen if (h := heads[i]) is not None]
     heat = _sum(readings) / len(readings) if readings else NEUTRAL
     stranded = sum(1 for i in chosen if 0 < after.free_memory(i) < STRANDED_FRACTION * devs[i].memory_mib)
@@ -152,6 +169,7 @@ def _score_rows(
     rows: columns.IntArray,
     pod: requests.PodRequest,
     req: requests.ContainerRequest,
+    ctx: registry.Context = registry.EMPTY_CONTEXT,
 ) -> columns.IntArray:
     """``score_node`` of every row: ``fit.place`` with this policy's card choice, then ``components``.
 
@@ -188,7 +206,14 @@ def _score_rows(
         now = wm * np.minimum(1.0, um / tmf) + wc * np.minimum(1.0, uc / tcf)
     masked = np.where(ok, key, np.inf)
     readings = bool(node[:, _HEAD_CARDS].any())
-    picks = _choose(cols, rows, masked, count, readings)  # (count, rows) card positions, ascending
+    heads = cols.heads[rows]  # per row and card; stale telemetry counts as none (thermal.fresh)
+    stale = None
+    if readings and ctx.now is not None and ctx.telemetry_rows is not None:
+        stale = thermal.stale_rows(ctx.telemetry_rows(), rows, ctx.now, ctx.telemetry_max_age_s)
+    if stale is not None:
+        heads[stale] = np.nan
+        readings = not bool(np.isnan(heads).all())
+    picks = _choose(heads, masked, count, readings)  # (count, rows) card positions, ascending
     at = (idx[None, :], picks)  # the chosen cards, (count, rows)
     placeable = ok[at].all(axis=0)
     u = now
@@ -219,10 +244,12 @@ def _score_rows(
         others = ncards - count
         whole_aff = np.where(others > 0, 100.0 * held_others / np.maximum(others, 1), 100.0)
         affinity = np.where(whole, whole_aff, affinity)
+    if ctx.job and ctx.job_nodes:  # the pod's job has placed pods: gather them
+        affinity = _job_affinity_rows(cols, rows, picks, ctx)
     # T: mean headroom of the chosen cards with readings (summed in card order), NEUTRAL without any
     heat: float | np.ndarray = NEUTRAL
     if readings:
-        h = cols.heads[rows[None, :], picks]
+        h = heads[idx[None, :], picks]
         has = ~np.isnan(h)
         nread = has.sum(axis=0)
         hv = np.where(has, h, 0.0)
@@ -238,14 +265,13 @@ def _score_rows(
     return out
 
 
-def _choose(
-    cols: columns.NodeColumns, rows: columns.IntArray, masked: np.ndarray, count: int, readings: bool
-) -> np.ndarray:
+def _choose(heads: np.ndarray, masked: np.ndarray, count: int, readings: bool) -> np.ndarray:
     """Per row the ``count`` cards ``choose_cards`` takes, as a (count, rows) array in card order.
 
     The order is the key (``masked``: inf for ineligible cards), then the larger headroom (NEUTRAL
-    without readings), then the lower index. One card: the first smallest key (argmin returns the
-    first occurrence), and among several cards at it the first largest headroom. More cards: a
+    without readings; ``heads`` per row and card), then the lower index. One card: the first
+    smallest key (argmin returns the first occurrence), and among several cards at it the first
+    largest headroom. More cards: a
     stable sort by key (ties by index); only where the cards at the last chosen key reach past
     the cut does the headroom decide which of them go in (one lexsort over those rows). Without
     any ``readings`` in these rows the index alone breaks ties.
@@ -257,7 +283,6 @@ def _choose(
             idx = np.arange(n_rows)
             tie = masked == masked[idx, pick][:, None]
             if np.count_nonzero(tie) > n_rows:  # several cards at some row's smallest key
-                heads = cols.heads[rows]
                 pick = np.where(tie, np.where(np.isnan(heads), NEUTRAL, heads), -np.inf).argmax(axis=1)
         out: np.ndarray = pick[None, :]
         return out
@@ -268,13 +293,56 @@ def _choose(
         last, after = masked[idx, order[:, count - 1]], masked[idx, order[:, count]]
         cut = np.flatnonzero((last == after) & (last < np.inf))
         if len(cut):
-            heads = cols.heads[rows[cut]]
-            cool = np.where(np.isnan(heads), NEUTRAL, heads)
+            cut_heads = heads[cut]
+            cool = np.where(np.isnan(cut_heads), NEUTRAL, cut_heads)
             picks[cut] = np.lexsort((-cool, masked[cut]), axis=1)[:, :count]
     if count == 2:
         a, b = picks[:, 0], picks[:, 1]
         return np.stack((np.minimum(a, b), np.maximum(a, b)))
     out = np.sort(picks, axis=1).T
+    return out
+
+
+def _close(tables: linktables.LinkTables, held: tuple[int, ...], chosen: tuple[int, ...] | list[int]) -> int:
+    """How many chosen cards the job holds or reaches over NVLink from a card it holds."""
+    if not held or not tables.known:
+        return len(chosen)
+    hs = set(held)
+    return sum(
+        1 for i in chosen if i in hs or any(tables.p2p[i][h] == 100 for h in held if h < len(tables.p2p))
+    )
+
+
+def _job_score(close: int, count: int) -> float:
+    """A on a node holding pods of the job (module docstring); one formula for both paths."""
+    return 50.0 + 50.0 * (close / count)
+
+
+def _job_affinity(ctx: registry.Context, state: nodes.NodeState, chosen: tuple[int, ...]) -> float | None:
+    """A by the pod's job, or None when like-joins-like applies (no job, or its first pod)."""
+    if not ctx.job or not ctx.job_nodes:
+        return None
+    on = ctx.job_nodes.get(state.name)
+    if on is None:
+        return 0.0
+    return _job_score(_close(linktables.of(state.inventory), on.cards, chosen), len(chosen))
+
+
+def _job_affinity_rows(
+    cols: columns.NodeColumns, rows: columns.IntArray, picks: np.ndarray, ctx: registry.Context
+) -> np.ndarray:
+    """``_job_affinity`` of every row: 0 except on the (few) rows of nodes holding the job's pods."""
+    out = np.zeros(len(rows), np.float64)
+    names = list(ctx.job_nodes)
+    job_rows = cols.rows(names)
+    by_row = {int(r): ctx.job_nodes[n] for r, n in zip(job_rows.tolist(), names, strict=True) if r >= 0}
+    if not by_row:
+        return out
+    count = picks.shape[0]
+    for t in np.flatnonzero(np.isin(rows, np.fromiter(by_row, np.int64))).tolist():
+        tables = cols.links[int(cols.nodes[rows[t], _LINKS_ID])]
+        chosen = [int(i) for i in picks[:, t]]
+        out[t] = _job_score(_close(tables, by_row[int(rows[t])].cards, chosen), count)
     return out
 
 

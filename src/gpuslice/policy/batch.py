@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from gpuslice.model import nodes, requests, status
+from gpuslice.model import allocations, nodes, requests, status
 from gpuslice.policy import columns, fit, registry, vectorfit
 from gpuslice.policy import quota as quotas
 
@@ -152,6 +152,32 @@ def best_first(names: Sequence[str], scores: np.ndarray) -> Iterator[int]:
         yield from (i for i in order.tolist() if i != first)
 
 
+def first_placed(
+    states: Mapping[str, nodes.NodeState],
+    names: Sequence[str],
+    scores: np.ndarray,
+    pod: requests.PodRequest,
+    card_policy: registry.Policy,
+    ctx: registry.Context = registry.EMPTY_CONTEXT,
+    quota: quotas.QuotaView | None = None,
+) -> tuple[int, allocations.PodAllocation] | None:
+    """The best node (``best_first`` by ``scores``) whose cards the card policy accepts, and its cards.
+
+    ``names`` are nodes the pod fits (an evaluation's feasible ones) and ``scores`` theirs, after
+    the node policy's candidate step where the caller applies one. Each in turn goes through
+    ``fit.place``; a node the card policy refuses (or without a state) gives way to the next.
+    Returns the winner's position in ``names`` and its allocation, or None when none places.
+    """
+    for i in best_first(names, scores):
+        state = states.get(names[i])
+        if state is None:
+            continue
+        alloc = fit.place(state, pod, card_policy, ctx, quota).allocation
+        if alloc is not None:
+            return i, alloc
+    return None
+
+
 def choose(
     states: Mapping[str, nodes.NodeState],
     evaluation: Evaluation,
@@ -163,8 +189,5 @@ def choose(
     """The placement on the first feasible node (``best_first``) whose cards the card policy accepts."""
     idx = np.flatnonzero(evaluation.feasible)
     names = [evaluation.names[i] for i in idx.tolist()]
-    for k in best_first(names, evaluation.scores[idx]):
-        p = fit.place(states[names[k]], pod, card_policy, ctx, quota)
-        if p.status.ok:
-            return p
-    return None
+    won = first_placed(states, names, evaluation.scores[idx], pod, card_policy, ctx, quota)
+    return None if won is None else fit.Placement(status.SUCCESS, won[1])

@@ -30,6 +30,16 @@ has enough, tried in ascending id) and ``INSUFFICIENT_GPU_COUNT`` otherwise. The
 * ``UNSCHEDULABLE`` otherwise (memory, cores, slots, exclusivity, quota now): freeing capacity could.
 
 The second attempt on the emptied node runs only for failures, so it costs nothing on success.
+
+A pod's ``hami.io/gpu-topology-requirement`` (``requests.TopologyRequirement``, docs/topology.md)
+restricts each container asking for two or more cards to a set whose every pair qualifies
+(``linkreq``). It is a filter on card *sets*: the card policy's favourite set of all eligible
+cards is kept when it qualifies; otherwise the policy chooses again within each maximal
+qualifying group of eligible cards (``linkreq.groups``, tightest group first) and the first choice
+wins. Without any group of enough cards the container fails with ``NVLINK_REQUIRED`` or
+``INSUFFICIENT_GPU_BANDWIDTH`` (``linkreq.reason``), counted against every eligible card; the
+empty-node attempt makes it ``UNRESOLVABLE`` when no such group exists among the node's usable
+cards at all, ``UNSCHEDULABLE`` when one would exist once capacity is freed.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from gpuslice.model import allocations, nodes, requests, status
-from gpuslice.policy import cards, registry
+from gpuslice.policy import cards, linkreq, registry
 from gpuslice.policy import quota as quotas
 
 CardReasons = tuple[tuple[str, int], ...]
@@ -160,6 +170,7 @@ def _attempt(
     charge = _Charge() if quota is not None else None
     idle_only = registry.idle_only(policy)
     last_gpu = max((k for k, c in enumerate(pod.containers) if c is not None and c.count > 0), default=-1)
+    link = pod.topology if pod.topology is not None and pod.topology.active else None
     for position, req in enumerate(pod.containers):
         if req is None or req.count <= 0:
             out.append(())
@@ -167,7 +178,7 @@ def _attempt(
         if req.count > ndev:
             return _Fail((status.INSUFFICIENT_GPU_COUNT,))
         kind = SIDECAR if position in pod.sidecars else INIT if position < pod.init_count else APP
-        got = _fit_container(running, req, pod.selectors, policy, ctx, quota, charge, kind, idle_only)
+        got = _fit_container(running, req, pod.selectors, policy, ctx, quota, charge, kind, idle_only, link)
         if isinstance(got, _Fail):
             return got
         out.append(got)
@@ -193,6 +204,7 @@ def _fit_container(
     charge: _Charge | None,
     kind: int,
     idle_only: bool,
+    link: requests.TopologyRequirement | None = None,
 ) -> allocations.ContainerAllocation | _Fail:
     inv = state.inventory
     devs = inv.devices
@@ -224,7 +236,14 @@ def _fit_container(
         eligible = _within_quota(so_far, eligible, costs, req.count, rejected)
     if len(eligible) < req.count:
         return _dominant(rejected)
-    chosen = _choose(state, req, sel, policy, ctx, tuple(eligible))
+    linked: _Linked | None = None
+    if link is not None and req.count >= 2:
+        ok, found = linkreq.groups(state, link, tuple(eligible), req.count)
+        if not found:
+            why = linkreq.reason(state, link, tuple(eligible), req.count)
+            return _Fail((why,), _sorted({**rejected, why: len(eligible)}))
+        linked = _Linked(ok, found)
+    chosen = _choose_linked(state, req, sel, policy, ctx, tuple(eligible), linked)
     if chosen is None:
         reason = status.NUMA_UNSATISFIED if sel.numa_bind else status.INSUFFICIENT_GPU_COUNT
         return _Fail((reason,), _sorted(rejected))
@@ -234,7 +253,9 @@ def _fit_container(
             sorted(eligible, key=lambda i: (costs[i][1], costs[i][2], costs[i][0], i))[: req.count]
         )
         chosen = None
-        if so_far.admits(*_sum(costs[i] for i in cheapest)):
+        if so_far.admits(*_sum(costs[i] for i in cheapest)) and (
+            linked is None or linkreq.satisfied(linked.ok, tuple(sorted(cheapest)))
+        ):
             chosen = _choose(state, req, sel, policy, ctx, tuple(sorted(cheapest)))
         if chosen is None:
             return _Fail((status.QUOTA_EXCEEDED,), ((status.QUOTA_EXCEEDED, req.count),))
@@ -286,6 +307,37 @@ def _within_quota(
     return kept
 
 
+class _Linked(NamedTuple):
+    """A container's link requirement on a node: the pair table and the qualifying groups."""
+
+    ok: tuple[tuple[bool, ...], ...]
+    groups: list[tuple[int, ...]]
+
+
+def _choose_linked(
+    state: nodes.NodeState,
+    req: requests.ContainerRequest,
+    sel: requests.Selectors,
+    policy: registry.Policy,
+    ctx: registry.Context,
+    eligible: tuple[int, ...],
+    linked: _Linked | None,
+) -> tuple[int, ...] | None:
+    """``_choose``, restricted to qualifying sets when the container has a link requirement."""
+    if linked is None:
+        return _choose(state, req, sel, policy, ctx, eligible)
+    if len(linked.groups) == 1 and linked.groups[0] == eligible:
+        return _choose(state, req, sel, policy, ctx, eligible)  # every eligible set qualifies
+    got = _choose(state, req, sel, policy, ctx, eligible)
+    if got is not None and linkreq.satisfied(linked.ok, tuple(sorted(got))):
+        return got
+    for group in linked.groups:
+        got = _choose(state, req, sel, policy, ctx, group)
+        if got is not None:
+            return got
+    return None
+
+
 def _choose(
     state: nodes.NodeState,
     req: requests.ContainerRequest,
@@ -330,6 +382,7 @@ def _take(state: nodes.NodeState, grants: allocations.ContainerAllocation) -> no
         usage=tuple(usage),
         cpu_used_milli=state.cpu_used_milli,
         memory_used_mib=state.memory_used_mib,
+        jobs=state.jobs,
     )
 
 

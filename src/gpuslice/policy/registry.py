@@ -66,12 +66,28 @@ class Context:
         card_weights: the pod's card-score weights (``hami.io/device-scoring-weights``); the
             usage-ordered card policies (binpack, spread and chains of them) rank cards by HAMi's
             weighted card score when set. ``fit.place`` fills it in from the pod.
+        now: the time the pod is judged at (Unix seconds), given by the caller (policies never
+            read the clock); None = no clock (the simulator): telemetry never counts as stale.
+        telemetry_max_age_s: telemetry older than this at ``now`` counts as absent
+            (``thermal.fresh``); None = no limit.
+        telemetry_rows: when set, gives (on demand: only policies reading telemetry pay for it)
+            per row of the snapshot's ``columns.NodeColumns`` the time its node's telemetry was
+            read (``NodeInventory.telemetry_at``; NaN = unknown), so the vectorised scores apply
+            the same age rule (``thermal.stale_rows``).
+        job: the pod's job (``requests.PodRequest.job``; '' = none): ``balanced``'s task affinity.
+        job_nodes: the nodes holding pods of ``job`` (node name -> the job's share there,
+            ``nodes.JobOnNode``); empty when the job has no other placed pod.
     """
 
     workload: Workload | None = None
     rng: np.random.Generator | None = None
     card_weights: requests.ScoringWeights | None = None
     capacity: tuple[tuple[str, int], ...] = ()
+    now: float | None = None
+    telemetry_max_age_s: float | None = None
+    telemetry_rows: Callable[[], np.ndarray] | None = None
+    job: str = ""
+    job_nodes: Mapping[str, nodes.JobOnNode] = dataclasses.field(default_factory=dict)
 
 
 EMPTY_CONTEXT = Context()
@@ -109,6 +125,18 @@ class Learned:
 def learns_workload(policy: Policy) -> bool:
     """True when the policy scores against the target workload (``Learned``)."""
     return isinstance(policy, Learned)
+
+
+def acting(policy: Policy, fallback: Policy | None, workload: Workload | None) -> Policy:
+    """The policy that decides under ``workload``: ``fallback`` while a learning one's is untrusted.
+
+    A policy that learns the workload (``learns_workload``) gives way to ``fallback`` while the
+    workload is untrusted (None); any other policy, or no fallback (``workload_fallback: pod``:
+    the learning policy scores with no workload), keeps ``policy``.
+    """
+    if workload is None and fallback is not None and learns_workload(policy):
+        return fallback
+    return policy
 
 
 def idle_only(policy: Policy) -> bool:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpuslice.model import devices, requests, status
-from gpuslice.policy import cards, columns, fit
+from gpuslice.policy import cards, columns, fit, linkreq
 from gpuslice.policy import quota as quotas
 
 IntArray = columns.IntArray
@@ -69,7 +69,13 @@ _NCARDS, _CPU_TOTAL, _CPU_USED, _HMEM_TOTAL, _HMEM_USED = (
 
 
 def request_of(pod: requests.PodRequest, quota: quotas.QuotaView | None) -> requests.ContainerRequest | None:
-    """The one GPU request when the kernel can judge the pod, else None."""
+    """The one GPU request when the kernel can judge the pod, else None.
+
+    None also for a pod whose link requirement restricts a container (``linkreq.active``): the
+    kernel does not know card pairs, so such a pod is judged by ``fit.place`` node by node.
+    """
+    if linkreq.active(pod):
+        return None
     sel = pod.selectors
     if sel is not requests.NO_SELECTORS and (sel.use_uuids or sel.nouse_uuids or sel.numa_bind):
         return None

@@ -79,6 +79,12 @@ def stub_pynvml() -> types.SimpleNamespace:
         nvmlDeviceGetNvLinkState=link_state,
         nvmlDeviceGetNvLinkRemotePciInfo=lambda h, link: types.SimpleNamespace(busId=buses[1 - h.i]),
         nvmlDeviceGetNvLinkRemoteDeviceType=lambda h, link: 0,
+        nvmlDeviceGetNvLinkVersion=lambda h, link: 4,  # NVML_NVLINK_VERSION_3_0
+        nvmlDeviceGetCurrPcieLinkGeneration=lambda h: 1,  # idle: the link trained down
+        nvmlDeviceGetCurrPcieLinkWidth=lambda h: 16,
+        nvmlDeviceGetMaxPcieLinkGeneration=lambda h: 4,
+        nvmlDeviceGetMaxPcieLinkWidth=lambda h: 16,
+        nvmlDeviceGetArchitecture=fail(NOT_SUPPORTED),
         nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 40,
         nvmlDeviceGetP2PStatus=p2p,
         nvmlDeviceGetTemperature=lambda h, s: 45,
@@ -112,10 +118,15 @@ def test_records(adapter: nvml.NvmlBackend) -> None:
         memory_total_mib=46068,
         pci_bus_id="00000000:41:00.0",
         numa_node=0,
+        pcie_generation=1,
+        pcie_width=16,
+        pcie_max_generation=4,
+        pcie_max_width=16,
     )
     assert gpus[1].numa_node == 1  # NVML does not answer: read from sysfs
     assert gpus[1].mig_enabled is None
     assert [link.link for link in adapter.nvlinks(0)] == [0, 1]
+    assert [link.version for link in adapter.nvlinks(0)] == [4, 4]
     assert adapter.pair(0, 1) == backend.PairRecord(a=0, b=1, common_ancestor=40, p2p_read=0, p2p_write=0)
     t = adapter.telemetry(1)
     assert (t.temperature_c, t.power_draw_w, t.power_limit_w, t.utilization_pct, t.memory_used_mib) == (
@@ -133,6 +144,28 @@ def test_same_discovery_path(adapter: nvml.NvmlBackend) -> None:
     assert d.topology is not None
     assert d.topology.nvlinks == ((0, 2), (2, 0))
     assert d.scores[0][1] == 20 + 200  # NODE + 2 links
+    assert d.topology.bandwidth == ((0.0, 50.0), (50.0, 0.0))  # 2 links of NVLink 3.0, 25 GB/s each
+
+
+def test_old_pynvml_without_the_newer_calls(tmp_path: pathlib.Path) -> None:
+    stub = stub_pynvml()
+    for name in (
+        "nvmlDeviceGetNvLinkVersion",
+        "nvmlDeviceGetCurrPcieLinkGeneration",
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        "nvmlDeviceGetArchitecture",
+    ):
+        delattr(stub, name)
+    with mock.patch.object(nvml, "pynvml", stub), mock.patch.object(nvml, "SYSFS_PCI", tmp_path):
+        b = nvml.NvmlBackend()
+        try:
+            d = discover.discover(collect.inventory(b), discover.RegistrationConfig())
+            assert b.gpus()[0].pcie_generation is None
+        finally:
+            b.close()
+    assert d.topology is not None and d.topology.bandwidth == ((0.0, 40.0), (40.0, 0.0))  # 2 x 20 GB/s
 
 
 def test_events(adapter: nvml.NvmlBackend) -> None:

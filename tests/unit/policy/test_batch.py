@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -101,6 +102,31 @@ def test_ranked_and_choose() -> None:
     assert got is not None
     assert got.allocation is not None
     assert got.allocation.node == "n-full"
+
+
+def test_first_placed_takes_the_best_node_that_places() -> None:
+    states = {"a": node("a").gpus(1).state(), "b": node("b").gpus(1).state(), "c": node("c").gpus(1).state()}
+    req = pod().gpu(1, memory=8000).obj()
+    names = ["c", "a", "b"]
+    scores = np.array([50, 90, 90])
+    bp = registry.get("binpack")
+    won = batch.first_placed(states, names, scores, req, bp)
+    assert won is not None and won[0] == 1 and won[1].node == "a"  # tie on 90: the lower name
+    full = {**states, "a": node("a").gpus(1).used(0, memory=81920).state()}
+    won = batch.first_placed(full, names, scores, req, bp)
+    assert won is not None and won[0] == 2 and won[1].node == "b"  # "a" does not place: the next one
+    won = batch.first_placed({"c": states["c"]}, names, scores, req, bp)  # no state: passed over
+    assert won is not None and won[0] == 0 and won[1].node == "c"
+    assert batch.first_placed({"a": full["a"]}, names, scores, req, bp) is None
+
+
+def test_acting_policy_is_the_fallback_only_for_a_learning_one_while_untrusted() -> None:
+    fgd, bp, spread = registry.get("fgd"), registry.get("binpack"), registry.get("spread")
+    workload = registry.Workload((registry.Shape(cpu_milli=0, share_milli=500, count=1),), (1.0,))
+    assert registry.acting(fgd, bp, None) is bp
+    assert registry.acting(fgd, bp, workload) is fgd
+    assert registry.acting(fgd, None, None) is fgd  # workload_fallback: pod
+    assert registry.acting(spread, bp, None) is spread
 
 
 def test_columns_builder_reuses_rows_and_grows() -> None:
