@@ -23,6 +23,14 @@ Pod states (after kube-scheduler's cache)::
   assumed pod, or charges a pod the scheduler never assumed (e.g. after a restart). It never
   refuses: the pod is placed already, and the cache must say what the cluster holds. A pod is
   never assumed twice; ``remove_pod`` works from any state.
+* ``nominate`` holds cards for a preemptor while its victims leave (docs/preemption.md): they
+  count as taken in every snapshot and every other pod's ``assume``, but not in the preemptor's
+  own view (``snapshot_for``), and the preemptor's ``assume`` converts the nomination in the same
+  locked step. ``claim_nomination`` (its bind started) takes the cards out of the snapshots while
+  ``assume`` still refuses them to everyone else. A nomination ends with that ``assume``, with
+  ``add_pod`` of the preemptor (placed anywhere), ``release_nomination`` or
+  ``expire_nominations``; ``remove_pod`` leaves it (the sync calls it on every update of a
+  pending pod).
 
 Init containers (``docs/init-containers.md``): a pod is charged max(init peak, app sum) per card
 until the watch reports every init container succeeded (``add_pod(..., inits_done=True)``); it
@@ -75,6 +83,19 @@ Reservation = tuple[tuple[str, nodes.CardUsage], ...]
 a tuple: a third of the memory of the dict for a one-card pod)."""
 
 
+class Holder(msgspec.Struct, frozen=True):
+    """A pod charged on a card (``ClusterCache.holders``): its key, node, charge and whether assumed."""
+
+    pod: str
+    node: str
+    usage: nodes.CardUsage
+    assumed: bool
+
+
+def _holder_key(h: Holder) -> str:
+    return h.pod
+
+
 @dataclasses.dataclass(slots=True)
 class _Pod:
     """One held pod.
@@ -91,6 +112,8 @@ class _Pod:
     state: PodState
     inits_done: bool = False
     bound_at: float | None = None
+    job: str = ""
+    """The pod's job (``requests.PodRequest.job``, interned; '' = none): ``NodeState.jobs``."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -101,6 +124,44 @@ class _Node:
     cpu_used: int = 0
     memory_used: int = 0
     generation: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class _Nomination:
+    """Cards held for a preemptor while its victims leave (``ClusterCache.nominate``)."""
+
+    key: str
+    uid: str
+    alloc: allocations.PodAllocation
+    reservation: Reservation
+    expires_at: float
+    claimed: bool = False
+    """Its bind started: no longer in the node's usage, still refused to every other pod."""
+
+
+class HeldPod(msgspec.Struct, frozen=True):
+    """A pod charged on a node (``ClusterCache.pods_on``): its charge per card and its state."""
+
+    key: str
+    uid: str
+    reservation: Reservation
+    cpu_milli: int
+    memory_mib: int
+    state: PodState
+
+
+def _pod_key(p: _Pod) -> str:
+    return p.key
+
+
+class Nomination(msgspec.Struct, frozen=True):
+    """A nominated reservation as readers see it: the preemptor, its node and cards, the deadline."""
+
+    key: str
+    uid: str
+    alloc: allocations.PodAllocation
+    expires_at: float
+    claimed: bool = False
 
 
 def _namespace(key: str) -> str:
@@ -127,7 +188,7 @@ class ClusterCache:
 
     def __init__(self, histogram: shapes.ShapeHistogram | None = None) -> None:
         """An empty cache."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: ``snapshot_for`` takes a snapshot under it
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, _Pod] = {}
         self._by_node: dict[str, set[str]] = {}
@@ -146,6 +207,7 @@ class ClusterCache:
         self._models: dict[str, int] = {}  # cards per model over all nodes (``Snapshot.capacity``)
         self._capacity: tuple[tuple[str, int], ...] | None = None
         self._grants: dict[allocations.DeviceGrant, allocations.DeviceGrant] = {}
+        self._nominations: dict[str, _Nomination] = {}  # preemptor key -> its held cards
 
     # ----- nodes
 
@@ -166,6 +228,9 @@ class ClusterCache:
             self._removed.discard(inventory.name)
             for key in self._by_node.get(inventory.name, ()):
                 self._charge_node(self._pods[key], 1)
+            for nom in self._nominations.values():
+                if nom.alloc.node == inventory.name and not nom.claimed:
+                    self._charge_nomination(nom, 1)
             self._touch(inventory.name)
 
     def _count_models(self, inventory: nodes.NodeInventory, sign: int) -> None:
@@ -189,6 +254,8 @@ class ClusterCache:
             for key in self._by_node.get(name, ()):
                 pod = self._pods[key]
                 self._orphans[key] = tuple(snapshot.Orphan(name, u, key) for u, _ in pod.reservation)
+            for k in [k for k, nom in self._nominations.items() if nom.alloc.node == name]:
+                del self._nominations[k]  # the node's cards are gone: nothing left to hold
             self._dirty.discard(name)
             self._removed.add(name)
             self._gen += 1
@@ -216,7 +283,9 @@ class ClusterCache:
 
     # ----- pods
 
-    def assume(self, key: str, uid: str, alloc: allocations.PodAllocation, now: float) -> status.Status:
+    def assume(
+        self, key: str, uid: str, alloc: allocations.PodAllocation, now: float, job: str = ""
+    ) -> status.Status:
         """Reserve the pod's cards if they are still free; the outcome says why not otherwise.
 
         The pod is refused (``UNSCHEDULABLE``, ``QUOTA_EXCEEDED``) when its charge
@@ -225,6 +294,10 @@ class ClusterCache:
 
         ``now`` is accepted for symmetry with the other transitions (the TTL starts at
         ``finish_binding``). Raises ValueError if the pod is already in the cache.
+
+        A preemptor's own nomination (same key and UID) does not count against it: it is
+        converted into the assumption in the same locked step, so its cards are never free in
+        between; other pods' nominations, claimed or not, count as taken.
         """
         del now
         key = sys.intern(key)
@@ -233,10 +306,20 @@ class ClusterCache:
                 raise ValueError(f"pod {key} is already {self._pods[key].state.value}")
             reservation = self._reservation(alloc, False)
             namespace = _namespace(key)
-            verdict = self._admits(alloc, reservation, namespace)
+            own = self._nominations.get(key)
+            if own is not None and own.uid != uid:
+                own = None
+            if own is not None and not own.claimed:
+                self._charge_nomination(own, -1)
+            verdict = self._admits(alloc, reservation, namespace, key)
             if not verdict.ok:
+                if own is not None and not own.claimed:
+                    self._charge_nomination(own, 1)
                 return verdict
+            if own is not None:
+                del self._nominations[key]
             pod = _Pod(key, uid, namespace, self._compact(alloc), reservation, PodState.ASSUMED)
+            pod.job = sys.intern(job)  # its job, for NodeState.jobs (the balanced task affinity)
             self._charge(pod, 1)
             self._pods[key] = pod
             self._assumed.add(key)
@@ -268,21 +351,31 @@ class ClusterCache:
                 self._drop(self._pods[k])
             return tuple(gone)
 
-    def add_pod(self, key: str, uid: str, alloc: allocations.PodAllocation, inits_done: bool = False) -> None:
+    def add_pod(
+        self, key: str, uid: str, alloc: allocations.PodAllocation, inits_done: bool = False, job: str = ""
+    ) -> None:
         """A pod with an allocation seen by the watch: confirm it if assumed, else (re)charge it.
 
         ``inits_done`` (``kube.objects.Pod.inits_done``): every init container succeeded, so only
         the app containers are charged. A held pod whose flag flipped is recharged: its usage
         shrinks, or grows back when kubelet reports the init containers as not done again. Never
-        refuses (quota and capacity are only checked by ``assume``).
+        refuses (quota and capacity are only checked by ``assume``). ``job``: the pod's job
+        (``NodeState.jobs``); a held pod whose job changed (a relabelled pod) is counted anew.
         """
+        job = sys.intern(job)
         key = sys.intern(key)
         with self._lock:
+            if key in self._nominations:  # the preemptor is placed (here or elsewhere): hold no more
+                self._drop_nomination(key)
             pod = self._pods.get(key)
             if pod is not None and pod.uid == uid and pod.alloc == alloc:
                 pod.state = PodState.ADDED
                 pod.bound_at = None
                 self._assumed.discard(key)
+                if pod.job != job:
+                    pod.job = job
+                    if pod.alloc.node in self._nodes:
+                        self._touch(pod.alloc.node)
                 if pod.inits_done != inits_done:
                     self._charge(pod, -1)
                     pod.inits_done = inits_done
@@ -293,7 +386,7 @@ class ClusterCache:
                 self._drop(pod)
             reservation = self._reservation(alloc, inits_done)
             alloc = self._compact(alloc)
-            pod = _Pod(key, uid, _namespace(key), alloc, reservation, PodState.ADDED, inits_done)
+            pod = _Pod(key, uid, _namespace(key), alloc, reservation, PodState.ADDED, inits_done, job=job)
             self._charge(pod, 1)
             self._pods[key] = pod
 
@@ -315,6 +408,146 @@ class ClusterCache:
         with self._lock:
             pod = self._pods.get(key)
             return None if pod is None else pod.state
+
+    def holders(self) -> Mapping[str, tuple[Holder, ...]]:
+        """Card UUID -> the pods charged on it, sorted by pod key (read-only; for the cluster view).
+
+        Under the lock only the pods' (immutable) fields are copied; the records are built after.
+        Orphaned grants are included under their UUID (``Snapshot.orphans`` names them).
+        """
+        with self._lock:
+            rows = [(p.key, p.alloc.node, p.reservation, p.state) for p in self._pods.values()]
+        out: dict[str, list[Holder]] = {}
+        for key, node, reservation, state in rows:
+            assumed = state is PodState.ASSUMED
+            for uuid, usage in reservation:
+                out.setdefault(uuid, []).append(Holder(key, node, usage, assumed))
+        return types.MappingProxyType({u: tuple(sorted(hs, key=_holder_key)) for u, hs in out.items()})
+
+    # ----- nominated reservations (GPU-aware preemption, docs/preemption.md)
+
+    def pods_on(self, node: str) -> tuple[HeldPod, ...]:
+        """What each pod the cache charges on ``node`` holds, by pod key (preemption's residents)."""
+        with self._lock:
+            return tuple(
+                HeldPod(p.key, p.uid, p.reservation, p.alloc.cpu_milli, p.alloc.memory_mib, p.state)
+                for p in sorted((self._pods[k] for k in self._by_node.get(node, ())), key=_pod_key)
+            )
+
+    def nominate(self, key: str, uid: str, alloc: allocations.PodAllocation, expires_at: float) -> bool:
+        """Hold ``alloc``'s cards for a preemptor until ``expires_at`` (replacing its earlier one).
+
+        The cards count as taken in every snapshot (on top of the victims still holding them)
+        and in every other pod's ``assume``; ``snapshot_for`` leaves them out for the preemptor
+        itself, and its own ``assume`` converts them. False when the node is unknown.
+        """
+        key = sys.intern(key)
+        with self._lock:
+            if alloc.node not in self._nodes:
+                return False
+            if key in self._nominations:
+                self._drop_nomination(key)
+            nom = _Nomination(key, uid, alloc, self._reservation(alloc, False), expires_at)
+            self._nominations[key] = nom
+            self._charge_nomination(nom, 1)
+            return True
+
+    def nomination(self, key: str) -> Nomination | None:
+        """The pod's nominated reservation, None when it has none."""
+        with self._lock:
+            nom = self._nominations.get(key)
+            if nom is None:
+                return None
+            return Nomination(nom.key, nom.uid, nom.alloc, nom.expires_at, nom.claimed)
+
+    def nominations(self) -> tuple[Nomination, ...]:
+        """Every nominated reservation, by preemptor key."""
+        with self._lock:
+            return tuple(
+                Nomination(n.key, n.uid, n.alloc, n.expires_at, n.claimed)
+                for _, n in sorted(self._nominations.items())
+            )
+
+    def claim_nomination(self, key: str, uid: str) -> bool:
+        """The preemptor's bind starts: its cards leave the snapshots, still refused to other pods.
+
+        The bind path fits the pod on a plain snapshot, so the held cards must look free there;
+        until the bind's ``assume`` converts the nomination (or it expires), another pod's
+        ``assume`` still counts them as taken. False when the pod (this UID) holds no nomination.
+        """
+        with self._lock:
+            nom = self._nominations.get(key)
+            if nom is None or nom.uid != uid:
+                return False
+            if not nom.claimed:
+                self._charge_nomination(nom, -1)
+                nom.claimed = True
+            return True
+
+    def release_nomination(self, key: str) -> bool:
+        """Drop the pod's nominated reservation; False when it had none."""
+        with self._lock:
+            if key not in self._nominations:
+                return False
+            self._drop_nomination(key)
+            return True
+
+    def expire_nominations(self, now: float) -> tuple[str, ...]:
+        """Drop the nominations whose deadline has passed; their keys, sorted."""
+        with self._lock:
+            gone = sorted(k for k, n in self._nominations.items() if n.expires_at <= now)
+            for k in gone:
+                self._drop_nomination(k)
+            return tuple(gone)
+
+    def snapshot_for(self, key: str) -> snapshot.Snapshot:
+        """``snapshot`` as the preemptor ``key`` sees it: its own nominated cards free.
+
+        Built by lifting the nomination off its node for one snapshot (only that node is rebuilt,
+        twice: now and at the next plain snapshot). Without a (visible) nomination this is the
+        plain snapshot.
+        """
+        with self._lock:
+            nom = self._nominations.get(key)
+            if nom is None or nom.claimed or nom.alloc.node not in self._nodes:
+                return self.snapshot()
+            self._charge_nomination(nom, -1)
+            try:
+                snap = self.snapshot()
+            finally:
+                self._charge_nomination(nom, 1)  # a new generation: the next snapshot rebuilds the node
+            return snap
+
+    def _charge_nomination(self, nom: _Nomination, sign: int) -> None:
+        """Add (1) or remove (-1) a nomination's cards to its node's usage (lock held)."""
+        node = self._nodes.get(nom.alloc.node)
+        if node is None:
+            return
+        for uuid, r in nom.reservation:
+            i = node.index.get(uuid)
+            if i is None:
+                continue
+            u = node.usage[i]
+            node.usage[i] = nodes.CardUsage(
+                u.slots + sign * r.slots, u.memory_mib + sign * r.memory_mib, u.cores + sign * r.cores
+            )
+        self._touch(nom.alloc.node)
+
+    def _drop_nomination(self, key: str) -> None:
+        nom = self._nominations.pop(key)
+        if not nom.claimed:
+            self._charge_nomination(nom, -1)
+
+    def _held_for_others(self, node: str, key: str) -> dict[str, nodes.CardUsage]:
+        """UUID -> what claimed nominations of pods other than ``key`` hold on ``node`` (lock held)."""
+        out: dict[str, nodes.CardUsage] = {}
+        for nom in self._nominations.values():
+            if not nom.claimed or nom.key == key or nom.alloc.node != node:
+                continue
+            for uuid, r in nom.reservation:
+                u = out.get(uuid, nodes.EMPTY_CARD)
+                out[uuid] = nodes.CardUsage(u.slots + r.slots, u.memory_mib + r.memory_mib, u.cores + r.cores)
+        return out
 
     # ----- snapshot
 
@@ -340,6 +573,7 @@ class ClusterCache:
                     usage=tuple(n.usage),
                     cpu_used_milli=n.cpu_used,
                     memory_used_mib=n.memory_used,
+                    jobs=self._node_jobs(name, n),
                 )
                 self._states[name] = state
                 self._cols.set(state)
@@ -415,17 +649,34 @@ class ClusterCache:
             containers.append(tuple(out))
         return msgspec.structs.replace(alloc, node=sys.intern(alloc.node), containers=tuple(containers))
 
+    def _node_jobs(self, name: str, node: _Node) -> tuple[nodes.JobOnNode, ...]:
+        """The jobs whose pods the node holds, sorted: pods per job and the cards they hold."""
+        pods: dict[str, int] = {}
+        held: dict[str, set[int]] = {}
+        for key in self._by_node.get(name, ()):
+            pod = self._pods[key]
+            if not pod.job:
+                continue
+            pods[pod.job] = pods.get(pod.job, 0) + 1
+            mine = held.setdefault(pod.job, set())
+            for uuid, _ in pod.reservation:
+                i = node.index.get(uuid)
+                if i is not None:
+                    mine.add(i)
+        return tuple(nodes.JobOnNode(j, pods[j], tuple(sorted(held[j]))) for j in sorted(pods))
+
     def _touch(self, name: str) -> None:
         self._gen += 1
         self._nodes[name].generation = self._gen
         self._dirty.add(name)
 
     def _admits(
-        self, alloc: allocations.PodAllocation, reservation: Reservation, namespace: str
+        self, alloc: allocations.PodAllocation, reservation: Reservation, namespace: str, key: str = ""
     ) -> status.Status:
         node = self._nodes.get(alloc.node)
         if node is None:
             return status.Status(status.Code.UNRESOLVABLE, (status.NODE_UNREGISTERED,))
+        held = self._held_for_others(alloc.node, key) if self._nominations else {}
         inv = node.inventory
         if inv.cpu_milli > 0 and alloc.cpu_milli > inv.cpu_milli - node.cpu_used:
             return status.Status(status.Code.UNSCHEDULABLE, (status.INSUFFICIENT_CPU,))
@@ -440,7 +691,13 @@ class ClusterCache:
             reason = cards.static_reason(dev, inv.cordoned, _NO_SELECTORS)
             if reason is not None:
                 return status.Status(status.Code.UNRESOLVABLE, (reason,))
-            reason = cards.admits(dev, node.usage[i], r, uuid in exclusive)
+            taken = node.usage[i]
+            extra = held.get(uuid)
+            if extra is not None:  # claimed by a preemptor whose bind is under way
+                taken = nodes.CardUsage(
+                    taken.slots + extra.slots, taken.memory_mib + extra.memory_mib, taken.cores + extra.cores
+                )
+            reason = cards.admits(dev, taken, r, uuid in exclusive)
             if reason is not None:
                 return status.Status(status.Code.UNSCHEDULABLE, (reason,))
         limits = self._limits.get(namespace)

@@ -44,6 +44,7 @@ class OwnerReference(msgspec.Struct, rename="camel", frozen=True, gc=False):
     kind: str = ""
     name: str = ""
     uid: str = ""
+    controller: bool = False
 
 
 class ObjectMeta(msgspec.Struct, rename="camel", frozen=True, gc=False):
@@ -88,6 +89,7 @@ class PodSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
     containers: list[Container] = []
     init_containers: list[Container] = []
     priority: int | None = None
+    preemption_policy: str | None = None
 
 
 class ContainerStateTerminated(msgspec.Struct, rename="camel", frozen=True, gc=False):
@@ -301,6 +303,13 @@ class _WireMeta(msgspec.Struct, rename="camel", frozen=True, gc=False):
     resource_version: str = ""
     annotations: _KeptAnnotations = _NO_KEPT
     deletion_timestamp: str | None = None
+    labels: dict[str, str] | None = None  # a pod's job label (balanced's task affinity)
+    owner_references: tuple[_WireOwner, ...] = ()  # a pod's controller: its job by default
+
+
+class _WireOwner(msgspec.Struct, frozen=True, gc=False):
+    uid: str = ""
+    controller: bool = False
 
 
 _NO_AMOUNTS: dict[str, str] = {}
@@ -324,6 +333,8 @@ class _WireSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
     node_name: str = ""
     containers: tuple[_WireContainer, ...] = ()
     init_containers: tuple[_WireContainer, ...] = ()
+    priority: int | None = None  # preemption: who may evict whom (docs/preemption.md)
+    preemption_policy: str | None = None
 
 
 class _WireStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
@@ -336,11 +347,14 @@ class PodWire(msgspec.Struct, frozen=True, gc=False):
 
     ``metadata``: name, namespace, uid, resourceVersion, deletionTimestamp and the annotations of
     ``POD_ANNOTATIONS`` (each a field of a Struct, so any other annotation is skipped by the
-    parser: neither decoded nor kept); ``spec``: nodeName and, for every container and init
+    parser: neither decoded nor kept); ``spec``: nodeName, priority and preemptionPolicy
+    (preemption) and, for every container and init
     container, its name, restartPolicy (positions, native sidecars) and, of its requests and
     limits, ``cpu`` and ``memory`` (the host request kube-scheduler counts) and the extended
     resources (``vendor/name``: whether a pending pod asks for GPUs, ``sync``); ``status``: phase
-    and the init containers' terminated states (``Pod.inits_done``). Labels, owner references, the
+    and the init containers' terminated states (``Pod.inits_done``). A pod's labels are kept
+    (interned, the dict shared by pods with equal labels) and of its owner references only the
+    controller's UID: the job of ``balanced``'s task affinity. The other owner references, the
     other resources (ephemeral storage, hugepages) and every other field are skipped.
     ``stored_pod`` turns it into a ``Pod``.
     """
@@ -419,11 +433,13 @@ def stored_pod(wire: PodWire) -> Pod:
     m, spec, status = wire.metadata, wire.spec, wire.status
     statuses = list(status.init_container_statuses) if status.init_container_statuses else _NO_STATUSES
     return Pod(
-        metadata=_meta(m),
+        metadata=_meta(m, pod=True),
         spec=PodSpec(
             node_name=sys.intern(spec.node_name),
             containers=_containers(spec.containers),
             init_containers=_containers(spec.init_containers),
+            priority=spec.priority,
+            preemption_policy=None if spec.preemption_policy is None else sys.intern(spec.preemption_policy),
         ),
         status=PodStatus(
             phase=sys.intern(status.phase),
@@ -444,17 +460,47 @@ class NodeWire(msgspec.Struct, frozen=True, gc=False):
     status: NodeStatus = NodeStatus()
 
 
-def _meta(m: _WireMeta) -> ObjectMeta:
+def _meta(m: _WireMeta, pod: bool = False) -> ObjectMeta:
     return ObjectMeta(
         name=m.name,
         namespace=sys.intern(m.namespace),
         uid=m.uid,
         resource_version=m.resource_version,
-        labels=_NO_STRINGS,
+        labels=_shared_labels(m.labels) if pod else _NO_STRINGS,
         annotations=_kept(m.annotations),
         deletion_timestamp=m.deletion_timestamp,
-        owner_references=_NO_OWNERS,
+        owner_references=_controller(m.owner_references) if pod else _NO_OWNERS,
     )
+
+
+_labels_dicts: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+_controllers: dict[str, list[OwnerReference]] = {}
+
+
+def _shared_labels(labels: dict[str, str] | None) -> dict[str, str]:
+    """A pod's labels (a job label may name its job), interned, the dict shared with equal ones."""
+    if not labels:
+        return _NO_STRINGS
+    key = tuple(sorted(labels.items()))
+    shared = _labels_dicts.get(key)
+    if shared is None:
+        if len(_labels_dicts) >= _SHARED_MAX:
+            _labels_dicts.clear()  # the stored pods keep theirs; sharing starts anew
+        shared = _labels_dicts[key] = {sys.intern(k): sys.intern(v) for k, v in key}
+    return shared
+
+
+def _controller(owners: tuple[_WireOwner, ...]) -> list[OwnerReference]:
+    """Only the controller owner reference, only its UID (a pod's job), shared by its pods."""
+    uid = next((o.uid for o in owners if o.controller and o.uid), "")
+    if not uid:
+        return _NO_OWNERS
+    shared = _controllers.get(uid)
+    if shared is None:
+        if len(_controllers) >= _SHARED_MAX:
+            _controllers.clear()
+        shared = _controllers[uid] = [OwnerReference(uid=uid, controller=True)]
+    return shared
 
 
 def stored_node(wire: NodeWire) -> Node:

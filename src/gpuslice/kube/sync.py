@@ -20,7 +20,12 @@
   before the Binding must not confirm it early. Every ``add_pod`` passes ``Pod.inits_done`` (all
   init containers terminated with exit code 0, from ``status.initContainerStatuses``): the cache
   then charges the app containers only, and the init peak again should kubelet report them as
-  not done (``docs/init-containers.md``).
+  not done (``docs/init-containers.md``). Every ``add_pod`` also passes the pod's job
+  (``pod_job``: the value of the configured ``job_label``, else its controller owner's UID), so
+  the cache can say which nodes hold a job's pods (``NodeState.jobs``, ``balanced``'s task
+  affinity).
+- **Nodes**' telemetry annotation also gives the inventory its read time
+  (``NodeInventory.telemetry_at``, the annotation's ``ts``): readers treat older readings as absent.
 - **ResourceQuotas**: ``spec.hard`` -> GPU limits; several quotas in one namespace combine to the
   tightest limit of each resource -> ``set_quota``.
 
@@ -34,17 +39,17 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import msgspec
 
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import errors as codec_errors
-from gpuslice.codec import keys, node_inventory, pod_devices, resources
+from gpuslice.codec import keys, node_inventory, pod_devices, resources, telemetry
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events, informer, kinds, objects
-from gpuslice.model import allocations, nodes, status
+from gpuslice.model import allocations, nodes, requests, status
 from gpuslice.model import config as model_config
 from gpuslice.policy import quota as quotas
 from gpuslice.policy import registry
@@ -94,6 +99,24 @@ def host_request(pod: objects.Pod) -> tuple[int, int]:
     return resources.host_request(apps, inits, pod.sidecars)
 
 
+def pod_job(pod: objects.Pod, job_label: str = "") -> str:
+    """A stored pod's job, as ``requests.PodRequest.job`` reads a pod under scheduling."""
+    meta = pod.metadata
+    owner = next((o.uid for o in meta.owner_references if o.controller and o.uid), "")
+    return requests.job_key(owner, meta.labels.get(job_label) if job_label else None)
+
+
+def telemetry_at(annotations: Mapping[str, str]) -> float | None:
+    """When the node's telemetry was read (Unix seconds); None without a valid annotation."""
+    value = annotations.get(keys.GPU_TELEMETRY)
+    if not value:
+        return None
+    try:
+        return telemetry.decode(value).timestamp.timestamp()
+    except codec_errors.DecodeError:
+        return None
+
+
 class Sink(Protocol):
     """The cache operations the watches drive (``gpuslice.cache.cache.ClusterCache``)."""
 
@@ -105,8 +128,10 @@ class Sink(Protocol):
         """Forget a node."""
         ...
 
-    def add_pod(self, key: str, uid: str, alloc: allocations.PodAllocation, inits_done: bool = False) -> None:
-        """Charge (or confirm) a placed pod; ``inits_done``: charge its app containers only."""
+    def add_pod(
+        self, key: str, uid: str, alloc: allocations.PodAllocation, inits_done: bool = False, job: str = ""
+    ) -> None:
+        """Charge (or confirm) a placed pod; ``inits_done``: its app containers only; ``job``: its job."""
         ...
 
     def remove_pod(self, key: str) -> None:
@@ -159,6 +184,7 @@ class Sync:
         node_selector: label selector restricting the watched nodes.
         pod_selector: label selector restricting the watched pods (e.g. ``hami.io/vgpu-node``).
         resync_s: relist period of every informer.
+        job_label: the pod label naming a pod's job (``pod_job``).
     """
 
     def __init__(
@@ -173,10 +199,13 @@ class Sync:
         node_selector: str | None = None,
         pod_selector: str | None = None,
         resync_s: float = informer.DEFAULT_RESYNC_S,
+        job_label: str = "",
     ):
         self.cache = cache
         self.recorder = recorder
         self.request_config = request_config
+        self.job_label = job_label
+        """The pod label naming a pod's job ('' = its controller owner; ``pod_job``)."""
         self.on_invalid = on_invalid
         self.transform = transform
         self.invalid_nodes: dict[str, str] = {}
@@ -246,7 +275,9 @@ class Sync:
         try:
             inventory = node_inventory.decode_node(name, ann)
             cpu, memory = resources.allocatable_host(allocatable)
-            inventory = msgspec.structs.replace(inventory, cpu_milli=cpu, memory_mib=memory)
+            inventory = msgspec.structs.replace(
+                inventory, cpu_milli=cpu, memory_mib=memory, telemetry_at=telemetry_at(ann)
+            )
         except codec_errors.AnnotationMissing:
             self.invalid_nodes.pop(name, None)
             self.cache.remove_node(name)
@@ -300,7 +331,7 @@ class Sync:
             # counts them; the FGD-style policies weigh what is left (nodes.NodeState.cpu_free_milli).
             alloc = allocations.PodAllocation(node=pod.spec.node_name, containers=())
         alloc = msgspec.structs.replace(alloc, cpu_milli=cpu, memory_mib=memory)
-        self.cache.add_pod(key, pod.metadata.uid, alloc, pod.inits_done)
+        self.cache.add_pod(key, pod.metadata.uid, alloc, pod.inits_done, job=pod_job(pod, self.job_label))
 
     def _observe_gpuless(self, pod: objects.Pod) -> None:
         """Count a pending pod without GPU requests in the target workload, once per uid.

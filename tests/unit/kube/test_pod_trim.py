@@ -114,7 +114,11 @@ def _expected(full: objects.Pod) -> objects.Pod:
     """What the informer keeps of a fully decoded pod: ``trim_pod``, less the fields it skips
     (containers keep their name, restartPolicy and host resources, cpu and memory)."""
     trimmed = objects.trim_pod(full)
-    meta = msgspec.structs.replace(trimmed.metadata, labels={}, creation_timestamp=None, owner_references=[])
+    refs = trimmed.metadata.owner_references
+    controller = [objects.OwnerReference(uid=o.uid, controller=True) for o in refs if o.controller][:1]
+    meta = msgspec.structs.replace(
+        trimmed.metadata, creation_timestamp=None, owner_references=controller
+    )  # labels and the controller's UID are kept (the job of balanced's task affinity)
 
     def host(m: dict[str, str]) -> dict[str, str]:
         return {k: v for k, v in m.items() if k in ("cpu", "memory") or "/" in k}
@@ -135,6 +139,8 @@ def _expected(full: objects.Pod) -> objects.Pod:
         node_name=full.spec.node_name,
         containers=names(full.spec.containers),
         init_containers=names(full.spec.init_containers),
+        priority=full.spec.priority,
+        preemption_policy=full.spec.preemption_policy,
     )
     return objects.Pod(metadata=meta, spec=spec, status=full.status)
 
