@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "local control plane + kube-scheduler + gpuslice + fake GPU nodes",
     ),
     "webhook": ("gpuslice.webhook.serve", "admission webhook: default and validate GPU pods"),
+    "explain": ("gpuslice.explaincli", "why a GPU pod fits or not, per node and per card"),
+    "shadow": ("gpuslice.sim.shadowreport", "shadow mode: re-play the extender's shadow record (report)"),
 }
 """Subcommand name -> (module, one-line help). Other tools add their line here."""
 

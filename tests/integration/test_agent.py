@@ -10,30 +10,24 @@ the card comes back after the quiet period; a missing Node is reported, not fata
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from gpuslice.agent import cli, fake, metrics, service
-from gpuslice.cache import cache as caches
 from gpuslice.codec import keys
 from gpuslice.devcluster.controlplane import ControlPlane
-from gpuslice.extender import config, feed, logs
-from gpuslice.extender import metrics as ext_metrics
 from gpuslice.kube import client as kclient
 from gpuslice.kube import nodes as kube_nodes
-from gpuslice.model import nodes
+from tests.integration import extcache
 from tests.integration import kubehelpers as h
 
 pytestmark = pytest.mark.integration
 on_session_loop = pytest.mark.asyncio(loop_scope="session")
-
-WAIT_S = 15.0
 
 
 class Clock:
@@ -53,28 +47,6 @@ def make_agent(
     return service.Agent(s, lambda: nvml, api, metrics.AgentMetrics(), clock=clock), nvml
 
 
-@contextlib.asynccontextmanager
-async def extender_cache(kube: kclient.KubeClient) -> AsyncIterator[caches.ClusterCache]:
-    """The extender's informers feeding a cluster cache, as ``gpuslice serve`` runs them."""
-    cache = caches.ClusterCache()
-    f = feed.Feed(kube, cache, config.Settings(), logs.Log(), ext_metrics.Metrics())
-    async with f.running():
-        yield cache
-
-
-async def cached(
-    cache: caches.ClusterCache, node: str, pred: Callable[[nodes.NodeState], bool]
-) -> nodes.NodeState:
-    async def poll() -> nodes.NodeState:
-        while True:
-            state = cache.snapshot().nodes.get(node)
-            if state is not None and pred(state):
-                return state
-            await asyncio.sleep(0.05)
-
-    return await asyncio.wait_for(poll(), WAIT_S)
-
-
 def node_events(cp: ControlPlane, node: str) -> list[dict[str, Any]]:
     status, body = cp.api_request(
         "GET", f"/apis/events.k8s.io/v1/namespaces/default/events?fieldSelector=regarding.name%3D{node}"
@@ -91,12 +63,12 @@ async def test_agent_patch_reaches_the_extender_cache(
     h.create_node(control_plane, node_name)
     agent, _ = make_agent(control_plane, node_name, "a100-8-2numa")
     try:
-        async with extender_cache(kube) as cache:
+        async with extcache.extender_cache(kube) as cache:
             report = await asyncio.to_thread(agent.refresh)
             assert report.error is None
             assert set(report.patched) == {keys.NODE_REGISTER, keys.NODE_PAIR_SCORE, keys.GPU_TOPOLOGY}
             await asyncio.to_thread(agent.publish_telemetry)
-            state = await cached(cache, node_name, lambda s: len(s.inventory.telemetry) == 8)
+            state = await extcache.cached(cache, node_name, lambda s: len(s.inventory.telemetry) == 8)
             inv = state.inventory
             assert [d.type for d in inv.devices] == ["NVIDIA A100-PCIE-40GB"] * 8
             assert [d.numa for d in inv.devices] == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -121,12 +93,12 @@ async def test_xid_marks_card_unhealthy_with_warning_event(
     stop = threading.Event()
     loop = threading.Thread(target=agent.run, args=(stop,), daemon=True)
     try:
-        async with extender_cache(kube) as cache:
+        async with extcache.extender_cache(kube) as cache:
             loop.start()
-            await cached(cache, node_name, lambda s: len(s.inventory.devices) == 8)
+            await extcache.cached(cache, node_name, lambda s: len(s.inventory.devices) == 8)
             nvml.inject_xid(5, 13)  # application error: nothing happens
             nvml.inject_xid(5, 79)  # fallen off the bus
-            state = await cached(cache, node_name, lambda s: not s.inventory.devices[5].health)
+            state = await extcache.cached(cache, node_name, lambda s: not s.inventory.devices[5].health)
             assert [d.health for d in state.inventory.devices] == [True] * 5 + [False] + [True] * 2
             events = node_events(control_plane, node_name)
             assert [(e["type"], e["reason"]) for e in events] == [("Warning", "GPUUnhealthy")]
@@ -134,7 +106,7 @@ async def test_xid_marks_card_unhealthy_with_warning_event(
             assert events[0]["regarding"]["kind"] == "Node" and events[0]["regarding"]["uid"]
             assert "XID 79" in events[0]["note"]
             clock.now += 60.0  # quiet period over
-            await cached(cache, node_name, lambda s: all(d.health for d in s.inventory.devices))
+            await extcache.cached(cache, node_name, lambda s: all(d.health for d in s.inventory.devices))
             reasons = [e["reason"] for e in node_events(control_plane, node_name)]
             assert reasons == ["GPUUnhealthy", "GPURecovered"]
     finally:

@@ -3,8 +3,9 @@
 Started, in order: etcd + kube-apiserver (``ControlPlane``), ``gpuslice serve`` as a child
 process on a free loopback port, kube-scheduler configured with the output of ``gpuslice render
 scheduler-config`` (the same text e2e tests use), and N fake GPU nodes with the device-plugin
-stand-in (``nodesim``). It prints a kubeconfig path so ``kubectl`` works, runs until Ctrl-C and
-stops every process by its own pid.
+stand-in (``nodesim``). It prints a kubeconfig path so ``kubectl`` works and the URL of the
+extender's cluster view (``/ui``, docs/ui.md), runs until Ctrl-C and stops every process by its
+own pid.
 
 The extender runs as a child process because ``devcluster`` and ``extender`` are independent
 layers; the helpers here (``Extender``, ``render_scheduler_config``, ``NodeSimThread``) are what
@@ -664,6 +665,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"kubeconfig: {running['kubeconfig']}")
             print(f"  export KUBECONFIG={running['kubeconfig']}")
             print(f"gpuslice:   {running['extender'].url} (log {running['extender'].log_path})")
+            print(f"view:       {running['extender'].url}/ui (the cluster view, in a browser)")
             print(f"logs:       {cp.workdir}")
             print("pods must set spec.schedulerName: gpuslice-scheduler; Ctrl-C stops everything", flush=True)
             while not stop.wait(1.0):

@@ -11,6 +11,11 @@ serves and, for each pod in ``hami.io/bind-phase: allocating``, does what the de
 3. release the node lock (owner-checked, compare-and-swap);
 4. mark the pod Running through ``pods/status``.
 
+Like the kubelet, it also finishes the deletion of pods on its nodes that carry a
+``deletionTimestamp`` (an eviction or a graceful delete): once their containers would have
+stopped, it deletes them with ``gracePeriodSeconds: 0`` (UID precondition), so evicted pods go
+away as on a real node.
+
 A ``fail`` predicate plays a failed ``Allocate``: ``bind-phase: failed``, lock released, and the
 pod Failed with reason ``UnexpectedAdmissionError``, as the kubelet rejects it.
 
@@ -113,11 +118,14 @@ async def make_node(
     max_pods: str = "110",
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, str]] = (),
 ) -> objects.Node:
     """Create a fake GPU node: registration annotation, labels, capacity through ``/status``.
 
     ``nvidia.com/gpu`` capacity is cards x split count, as HAMi's device plugin advertises it.
-    Extra ``annotations`` override the generated ones (e.g. a malformed registration).
+    Extra ``annotations`` override the generated ones (e.g. a malformed registration). ``taints``
+    (``{"key", "value", "effect"}``) are set when the node is created, so no pod without the
+    matching toleration lands on it (a test's own node in a shared cluster).
     """
     registered = cards(
         name,
@@ -134,7 +142,10 @@ async def make_node(
         "labels": {**GPU_LABEL, **(labels or {})},
         "annotations": {keys.NODE_REGISTER: registrations.encode_json(registered), **(annotations or {})},
     }
-    await kube.request("POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": meta})
+    body: dict[str, object] = {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+    if taints:
+        body["spec"] = {"taints": [dict(t) for t in taints]}
+    await kube.request("POST", "/api/v1/nodes", body=body)
     resources = {"cpu": cpu, "memory": memory, "pods": max_pods, "nvidia.com/gpu": str(count * split_count)}
     resp = await kube.request(
         "PATCH",
@@ -240,6 +251,9 @@ class NodeSim:
         self._attempts: dict[str, int] = {}
         self._deferred: dict[str, dict[str, objects.Pod]] = {}
         """Node -> UID -> allocating pods that arrived while the node's plugin was stopped or muted."""
+        self.finished: list[str] = []
+        """Keys of terminating pods whose deletion this simulator finished (as the kubelet), in order."""
+        self._finishing: dict[str, asyncio.Task[None]] = {}
 
     def serves(self, node: str) -> bool:
         """True when this simulator plays the given node."""
@@ -281,12 +295,39 @@ class NodeSim:
                 pending.pop(pod.metadata.uid, None)
             return
         if event.type in (informer.EventType.ADDED, informer.EventType.MODIFIED) and pod is not None:
+            if pod.metadata.deletion_timestamp and self.serves(pod.spec.node_name):
+                self._finish_deletion(pod)
+                return
             if self.on_bound is not None and self.serves(pod.spec.node_name):
                 self.on_bound(pod)
             if self.serves(pod.spec.node_name) and pod.metadata.annotations.get(keys.BIND_PHASE) == (
                 keys.BIND_PHASE_ALLOCATING
             ):
                 self._submit(pod)
+
+    def _finish_deletion(self, pod: objects.Pod) -> None:
+        """Delete a terminating pod for good, once (the kubelet's part of a graceful deletion)."""
+        uid = pod.metadata.uid
+        if uid in self._finishing:
+            return
+        task = asyncio.get_running_loop().create_task(self._delete_now(pod), name=f"nodesim-delete-{pod.key}")
+        self._finishing[uid] = task
+        task.add_done_callback(lambda _: self._finishing.pop(uid, None))
+
+    async def _delete_now(self, pod: objects.Pod) -> None:
+        path = f"/api/v1/namespaces/{pod.metadata.namespace}/pods/{pod.metadata.name}"
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": pod.metadata.uid}}
+        for attempt in range(5):
+            try:
+                await self.kube.request("DELETE", path, body=body)
+            except (errors.NotFound, errors.Conflict):
+                return  # gone already, or another pod now holds the name
+            except errors.ApiError as exc:
+                log.warning("nodesim: finishing the deletion of %s: %s; retrying", pod.key, exc)
+                await asyncio.sleep(self.retry_s * (attempt + 1))
+                continue
+            self.finished.append(pod.key)
+            return
 
     def _submit(self, pod: objects.Pod) -> None:
         """Queue a pod for its node's worker, or keep it aside while the node's plugin is down."""
@@ -510,6 +551,7 @@ class NodeSim:
         try:
             await self.informer.run()
         finally:
+            tasks.extend(self._finishing.values())
             for task in tasks:
                 task.cancel()
             for task in tasks:

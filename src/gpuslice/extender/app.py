@@ -2,7 +2,8 @@
 
 Each handler (``Handlers``) does decode -> ``cache.snapshot()`` -> policy -> encode. Filter and
 prioritize make no API call. Every POST verb is served on plain ASGI (``_Fast``); Starlette serves
-the GET routes (health, readiness, metrics) and runs the lifespan. Malformed
+the GET routes (health, readiness, metrics, the cluster view ``/ui`` of ``clusterview``) and runs
+the lifespan. Malformed
 input (bad JSON, wrong types, oversized bodies) is a 4xx with a plain message;
 scheduling failures go in the response body (``FailedNodes``, ``Error``), never as a 5xx. The
 lifespan enters the injected background services (informers, event worker) and stops them.
@@ -35,7 +36,24 @@ from starlette.types import Receive, Scope, Send
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import resources
 from gpuslice.extender import bind as binds
-from gpuslice.extender import config, jsondepth, logs, memo, metrics, preempt, scheduling, tasks, view, wire
+from gpuslice.extender import (
+    clusterview,
+    config,
+    jsondepth,
+    logs,
+    memo,
+    metrics,
+    preempt,
+    scheduling,
+    tasks,
+    view,
+    wire,
+)
+from gpuslice.extender import explain as explains
+from gpuslice.extender import pending as pendings
+from gpuslice.extender import preemption as preemptions
+from gpuslice.extender import shadow as shadows
+from gpuslice.kube import errors as kerrors
 from gpuslice.kube import objects
 from gpuslice.model import requests, status
 from gpuslice.policy import registry
@@ -75,6 +93,14 @@ class Deps:
     """Nodes whose GPU registration does not decode (live view kept by the feed)."""
     excluded: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Registered nodes not to place on now -> reason code (stale handshake, held lock)."""
+    pending: pendings.PendingPods = dataclasses.field(default_factory=pendings.PendingPods)
+    """GPU pods the filter found no node for (``extender.pending``); ``/explain`` and the UI read it."""
+    read_pod: Callable[[str, str], Awaitable[objects.Pod | None]] | None = None
+    """``(namespace, name)`` -> the pod (None: no such pod), for ``/explain`` of a pod not pending."""
+    shadow: shadows.Shadow | None = None
+    """Shadow mode (``--shadow-policy``): told what each filter judged; None when off."""
+    preemption: preemptions.Preemption | None = None
+    """GPU-aware preemption (``extender.preemption``): told of GPU pods no node fits; None when off."""
 
 
 class State(TypedDict):
@@ -340,7 +366,8 @@ class Handlers:
             self._count(outcome)
             result = wire.ExtenderFilterResult(outcome.feasible, outcome.failed, outcome.unresolvable)
             return wire.ENCODER.encode(result)
-        snap = deps.cache.snapshot()
+        # A preemptor sees the cards nominated for it free (``extender.preemption``).
+        snap = deps.cache.snapshot() if deps.preemption is None else deps.preemption.snapshot(pod)
         if pod.wants_gpu and pod.uid not in self._seen:
             self._seen.put(pod.uid, True)
             self._workload.add(scheduling.shape(snap, pod, names))
@@ -349,11 +376,14 @@ class Handlers:
                     meta.namespace, meta.name, meta.uid, "Warning", "PolicyIgnored", "Filter", problem
                 )
         if self._workload.flush():
-            snap = deps.cache.snapshot()  # the workload changed: score against the new one
+            # the workload changed: score against the new one
+            snap = deps.cache.snapshot() if deps.preemption is None else deps.preemption.snapshot(pod)
         outcome = scheduling.filter_nodes(
             snap, pod, names, deps.policies, self.log, deps.invalid_nodes, deps.excluded
         )
         deps.flow.remember(pod)
+        if deps.shadow is not None and pod.wants_gpu and outcome.feasible:
+            deps.shadow.seen(snap, pod, names, deps.excluded)
         feasible_json = wire.ENCODER.encode(outcome.feasible)
         if pod.uid and outcome.scores is not None and outcome.feasible:
             filtered = scheduling.Filtered(
@@ -362,6 +392,8 @@ class Handlers:
             self._score_memo.put(pod.uid, filtered)
         summary = "Filter: " + scheduling.summary(outcome)
         deps.flow.mark_unschedulable(pod.uid, pod.wants_gpu and not outcome.feasible)
+        if pod.wants_gpu:
+            deps.pending.note(pod, bool(outcome.feasible), summary)  # kept only while nothing fits
         if outcome.feasible:
             # Reported with the bind event (one API write per scheduled pod, not two).
             deps.flow.remember_filter(pod.uid, summary)
@@ -369,6 +401,9 @@ class Handlers:
             deps.events.record(
                 meta.namespace, meta.name, meta.uid, "Warning", "FilteringFailed", "Filter", summary
             )
+            if deps.preemption is not None and pod.wants_gpu:  # the leader may evict for it, off this path
+                spec = args.pod.spec
+                deps.preemption.consider(pod, spec.priority, spec.preemption_policy, outcome)
         self._count(outcome)
         if self.log.enabled(2):
             self.log.v(2, "filter", pod=args.pod.key, summary=scheduling.summary(outcome))
@@ -430,7 +465,7 @@ class Handlers:
             else:
                 scores = scheduling.rescore(snap, pod, names, deps.policies, self.log, filtered)
             deps.flow.remember_scores(pod.uid, names, scores)
-            ctx = scheduling.context(snap)
+            ctx = scheduling.context(snap, pod, deps.policies)
             scores = scheduling.candidate_step(deps.policies.node(pod, ctx), scores, ctx)
         if ranks:
             wire_scores = scheduling.rank_scores(names, scores, wire.MAX_EXTENDER_PRIORITY)
@@ -450,6 +485,9 @@ class Handlers:
         args = _decode(wire.BIND_DECODER, data)
         if not args.pod_name or not args.node:
             raise BadRequest("invalid request: PodName and Node are required")
+        self.deps.pending.drop(args.pod_uid)
+        if self.deps.preemption is not None:  # a preemptor's nominated cards go to its bind
+            self.deps.preemption.binding(f"{args.pod_namespace}/{args.pod_name}", args.pod_uid, args.node)
         outcome = await self.deps.flow.bind(args)
         return wire.ENCODER.encode(wire.ExtenderBindingResult(error=outcome.error))
 
@@ -480,6 +518,36 @@ class Handlers:
         """Prometheus metrics."""
         return Response(generate_latest(self.m.registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def explain(self, request: Request) -> Response:
+        """``GET /explain?pod=NAMESPACE/NAME``: ``extender.explain``'s document for the pod (docs/explain.md).
+
+        The pod's request comes from the pending registry, else from ``deps.read_pod``. 400 for a
+        malformed argument, 404 for an unknown pod, 422 for an invalid GPU request, 503 while the
+        cache is not synced or the pod cannot be read.
+        """
+        deps = self.deps
+        arg = request.query_params.get("pod", "")
+        namespace, _, name = arg.partition("/")
+        if not namespace or not name or "/" in name:
+            return PlainTextResponse(f"expected ?pod=NAMESPACE/NAME, got {arg!r}", status_code=400)
+        if not deps.synced():
+            return PlainTextResponse(NOT_SYNCED, status_code=503)
+        entry = deps.pending.get(arg)
+        pod: requests.PodRequest | str | None = None if entry is None else entry.request
+        if pod is None and deps.read_pod is not None:
+            try:
+                found = await deps.read_pod(namespace, name)
+            except kerrors.ApiError as err:
+                return PlainTextResponse(f"cannot read pod {arg}: {err}", status_code=503)
+            if found is not None:
+                pod = explains.request_of(found, deps.settings.request_config)
+        if pod is None:
+            return PlainTextResponse(f"pod {arg} not found", status_code=404)
+        if isinstance(pod, str):
+            return PlainTextResponse(f"pod {arg}: invalid GPU request: {pod}", status_code=422)
+        doc = explains.explain(deps.cache.snapshot(), pod, deps.policies, deps.invalid_nodes, deps.excluded)
+        return Response(explains.encode(doc), media_type=JSON)
+
 
 def _probe_routes(h: Handlers) -> list[Route]:
     """The GET routes: liveness, readiness and metrics."""
@@ -491,12 +559,13 @@ def _probe_routes(h: Handlers) -> list[Route]:
 
 
 def create_metrics_app(deps: Deps) -> Starlette:
-    """The plain-HTTP metrics listener's app: ``/healthz``, ``/readyz`` and ``/metrics`` only.
+    """The plain-HTTP metrics listener's app: ``/healthz``, ``/readyz``, ``/metrics`` and the view.
 
     The same handlers and answers as on the main app, over the same ``deps``; no lifespan (the
-    main app's runs the services, once).
+    main app's runs the services, once). The read-only cluster view (``/ui``, ``/ui/state``) is
+    served here too: in the chart this is the port the Service exposes (docs/ui.md).
     """
-    return Starlette(routes=_probe_routes(Handlers(deps)))
+    return Starlette(routes=_probe_routes(Handlers(deps)) + clusterview.routes(deps))
 
 
 def create_app(deps: Deps) -> _Fast:
@@ -510,7 +579,9 @@ def create_app(deps: Deps) -> _Fast:
                 await stack.enter_async_context(service())
             yield State(deps=deps)
 
-    routes = _probe_routes(h)
+    routes = _probe_routes(h) + clusterview.routes(deps)  # GET /ui, /ui/state: the cluster view
+    routes += shadows.routes(deps.shadow)  # GET /shadow, /shadow/decisions (docs/shadow.md)
+    routes.append(Route("/explain", h.explain, methods=["GET"]))  # docs/explain.md
     prioritize = h.endpoint("prioritize", h.prioritize)
     verbs = {
         "/filter": h.endpoint("filter", h.filter),

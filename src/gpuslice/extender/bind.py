@@ -229,6 +229,8 @@ class BindFlow:
     sync_wait_s: float = 5.0
     faults: failpoints.Failpoints = dataclasses.field(default_factory=failpoints.Failpoints)
     monotonic: Callable[[], float] = time.monotonic
+    on_bound: Callable[[requests.PodRequest, str, allocations.PodAllocation], None] | None = None
+    """Told of every GPU pod this flow bound (pod, node, cards), after the fact (shadow mode)."""
     _pods: memo.Memo = dataclasses.field(default_factory=memo.Memo)
     _scores: memo.Memo = dataclasses.field(default_factory=memo.Memo)
     _filters: memo.Memo = dataclasses.field(default_factory=memo.Memo)
@@ -425,13 +427,17 @@ class BindFlow:
         if state is None:
             return Outcome("rejected", f"node {node}: {view.node_problem(node, self.invalid_nodes)}")
         placement = fit.place(
-            state, pod, card_policy, scheduling.context(snap), view.quota(snap, pod.namespace)
+            state,
+            pod,
+            card_policy,
+            scheduling.context(snap, pod, self.policies),
+            view.quota(snap, pod.namespace),
         )
         if placement.allocation is None:
             return Outcome("no_fit", f"pod no longer fits node {node}: {','.join(placement.status.reasons)}")
         alloc = placement.allocation
         try:
-            verdict = self.cache.assume(key, uid, alloc, self.clock())
+            verdict = self.cache.assume(key, uid, alloc, self.clock(), pod.job(self.policies.job_label))
         except ValueError:
             # Already in the cache: confirmed by the watch, or another bind of it is in flight.
             return Outcome("held", f"pod {key} already holds an allocation")
@@ -610,6 +616,8 @@ class BindFlow:
         )
         self.events.record(job.ns, job.name, uid, "Normal", "GPUAllocated", "Binding", note[:1024])
         self.log.v(2, "bound", pod=job.key, node=job.node, devices=describe(job.alloc))
+        if self.on_bound is not None:
+            self.on_bound(job.pod, job.node, job.alloc)
         return BOUND
 
     def _bound_by_another(self, job: _Bind) -> Outcome:

@@ -64,6 +64,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             keeps the learning policy, measuring against each pod's own shape.
         workload_drift: the workload the policies see is re-taken from the histogram only when
             it has drifted by this total-variation distance (0 = after every request).
+        shadow_policies: comma-separated registered policies evaluated beside the live one for
+            every bound GPU pod, without acting (shadow mode, docs/shadow.md; flag
+            ``--shadow-policy``); '' = off.
+        shadow_record: JSON-lines file the shadow decisions are appended to ('' = kept in memory
+            only, served at ``GET /shadow/decisions``).
         memory_scaling: multiplies every card's registered memory (overcommit when > 1).
         core_scaling: multiplies every card's registered cores.
         memory_factor: multiplies ``nvidia.com/gpumem`` requests and quota limits (HAMi).
@@ -122,6 +127,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         handshake_timeout_s: a ``Requesting_`` handshake older than this marks the node's device
             plugin as gone (HAMi: 60 s) unless kubelet still advertises ``nvidia.com/gpu``.
         recovery_period_s: period of the leader's recovery loop (orphans, stuck locks, handshakes).
+        preemption: GPU-aware preemption (docs/preemption.md): the leader evicts lower-priority
+            pods, through the Eviction API, to free concrete cards for a pod that waits for GPUs.
+        nomination_ttl_s: how long the cards freed for a preemptor stay held for it (its victims'
+            grace period must fit in it).
         leader_elect: ``lease`` (gpuslice's own Lease; followers report not-ready, for a
             standalone Deployment behind a Service), ``scheduler`` (follow kube-scheduler's Lease
             as its sidecar: leader while the holder identity starts with ``leader_identity``) or
@@ -139,6 +148,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         idle_timeout_s: keep-alive connections idle for longer are closed.
         max_connections: concurrent connections served; more get 503.
         max_json_depth: deepest JSON nesting accepted in a request body (deeper: 400).
+        job_label: a pod label naming the pod's job for the ``balanced`` policy's task affinity
+            (docs/topology.md); a pod without it (or with this empty) belongs to its controller
+            owner reference's job.
+        telemetry_max_age_s: GPU telemetry (``gpuslice.io/gpu-telemetry``) older than this counts
+            as absent. A healthy agent's annotation is at most its refresh period (300 s) plus one
+            telemetry period (60 s) old, since it republishes unchanged readings only when they
+            are older than the refresh period; 480 s leaves two more telemetry periods of margin.
     """
 
     node_policy: str = "binpack"
@@ -150,6 +166,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     workload_min_count: int = model_config.DEFAULT_WORKLOAD.min_count
     workload_fallback: str = model_config.DEFAULT_WORKLOAD.fallback
     workload_drift: float = model_config.DEFAULT_WORKLOAD.drift
+    shadow_policies: str = ""
+    shadow_record: str = ""
     memory_scaling: float = 1.0
     core_scaling: float = 1.0
     memory_factor: int = 1
@@ -186,6 +204,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     stuck_lock_s: float = 5.0
     handshake_timeout_s: float = 60.0
     recovery_period_s: float = 1.0
+    preemption: bool = True
+    nomination_ttl_s: float = 60.0
     leader_elect: str = "lease"
     lease_name: str = "gpuslice-extender"
     lease_namespace: str = "kube-system"
@@ -198,6 +218,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     idle_timeout_s: float = 30.0
     max_connections: int = 1000
     max_json_depth: int = 64
+    job_label: str = ""
+    telemetry_max_age_s: float = 480.0
 
     @property
     def host(self) -> str:
@@ -218,6 +240,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def metrics_port(self) -> int:
         """The metrics listener's port (0 when there is none)."""
         return int(self.metrics_listen.rpartition(":")[2] or 0)
+
+    @property
+    def shadow_names(self) -> tuple[str, ...]:
+        """The shadow policies, in order, blanks and repeats dropped."""
+        return tuple(dict.fromkeys(n.strip() for n in self.shadow_policies.split(",") if n.strip()))
 
     @property
     def resource_names(self) -> model_config.ResourceNames:
@@ -252,6 +279,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar=name.upper())
+    parser.add_argument(
+        "--shadow-policy",
+        dest="shadow_policies",
+        default=argparse.SUPPRESS,
+        metavar="NAME[,NAME]",
+        help="the same as --shadow-policies: policies evaluated beside the live one (docs/shadow.md)",
+    )
 
 
 def _normalize(layer: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -372,6 +406,14 @@ def validate(values: Mapping[str, Any]) -> Settings:
     if settings.node_choice not in model_config.NODE_CHOICES:
         known = ", ".join(model_config.NODE_CHOICES)
         problems.append(f"node_choice: expected one of {known}, got {settings.node_choice!r}")
+    unknown_shadows = [n for n in settings.shadow_names if n not in registry.names()]
+    if unknown_shadows:
+        problems.append(
+            f"shadow_policies: unknown policy {', '.join(map(repr, unknown_shadows))}; "
+            f"known: {', '.join(registry.names())}"
+        )
+    if settings.shadow_record and not settings.shadow_names:
+        problems.append("shadow_record needs shadow_policies")
     if not settings.workload_period_s >= 0:
         problems.append("workload_period_s must be >= 0")
     problems.extend(str(err) for err in shapes.errors(settings.workload))
@@ -436,6 +478,8 @@ def _fault_problems(s: Settings) -> list[str]:
         "stuck_lock_s",
         "handshake_timeout_s",
         "recovery_period_s",
+        "nomination_ttl_s",
+        "telemetry_max_age_s",
         "header_timeout_s",
         "body_timeout_s",
         "idle_timeout_s",

@@ -162,5 +162,31 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.preemptions = Counter(
+            "gpuslice_preemptions_total",
+            "GPU-aware preemption attempts by outcome (preempted, no_candidate, blocked, failed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.evictions = Counter(
+            "gpuslice_evictions_total",
+            "Evictions requested by GPU-aware preemption, by outcome (evicted, blocked, gone, failed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.shadow_decisions = Counter(
+            "gpuslice_shadow_decisions_total",
+            "Bound GPU pods by shadow policy and how its choice agreed with the live one "
+            "(cards: same node and cards, node: same node, none: another node or none)",
+            ["policy", "agreement"],
+            registry=r,
+        )
+        self.shadow_score_delta = Histogram(
+            "gpuslice_shadow_score_delta",
+            "A shadow policy's score (0..100) of the node it would choose minus its score of the live node",
+            ["policy"],
+            buckets=(0, 1, 2, 5, 10, 20, 30, 50, 75, 100),
+            registry=r,
+        )
         if states is not None:
             r.register(DeviceCollector(states))

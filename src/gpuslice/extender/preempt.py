@@ -4,6 +4,10 @@ A node stays a candidate only when it has at least one victim (kube-scheduler re
 pod could fit there once capacity is freed: a node where the fit is ``UNRESOLVABLE`` (wrong card
 type, too few cards, unregistered) cannot be helped by evicting anyone, so it is dropped. Victim
 sets are passed through unchanged.
+
+This answers kube-scheduler's own preemption, which only ever finds victims for in-tree resources
+(CPU, memory): the GPU resources are hidden from its fit. Preemption for GPU capacity is
+gpuslice's own (``extender.preemption``, docs/preemption.md); the two act on different shortages.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def narrow(
     if not pod.wants_gpu:
         return kept
     card_policy = policies.card(pod)
-    ctx = scheduling.context(snap)
+    ctx = scheduling.context(snap, pod, policies)
     out: dict[str, wire.MetaVictims] = {}
     for name, v in kept.items():
         state = view.node_state(snap, name)

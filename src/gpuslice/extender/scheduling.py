@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+import functools
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from gpuslice.codec import keys
 from gpuslice.extender import logs, view
 from gpuslice.model import config as model_config
 from gpuslice.model import nodes, requests, status
-from gpuslice.policy import batch, chains, fit, registry, shares
+from gpuslice.policy import batch, chains, fit, jobs, registry, shares
 
 FEASIBLE = "Feasible"
 
@@ -53,6 +54,12 @@ class Policies:
     """How the node choice reaches kube-scheduler (``model.config.NODE_CHOICES``)."""
     fallback: str = model_config.DEFAULT_WORKLOAD.fallback
     """The policy standing in for learning ones while the workload is untrusted (``pod``: none)."""
+    job_label: str = ""
+    """The pod label naming a pod's job (``requests.PodRequest.job``; '' = its controller owner)."""
+    telemetry_max_age_s: float | None = None
+    """Telemetry older than this counts as absent (``registry.Context.telemetry_max_age_s``)."""
+    clock: Callable[[], float] | None = None
+    """Wall-clock seconds for ``context`` (injected by ``serve``; None = no clock: nothing is stale)."""
 
     @classmethod
     def build(
@@ -95,9 +102,10 @@ class Policies:
 
     def _untrusted(self, policy: registry.Policy) -> registry.Policy:
         """``policy`` while the workload is untrusted: the fallback when it learns the workload."""
-        if self.fallback == model_config.WORKLOAD_FALLBACK_POD or not registry.learns_workload(policy):
-            return policy
-        return self.by_name[self.fallback]
+        fallback = (
+            None if self.fallback == model_config.WORKLOAD_FALLBACK_POD else self.by_name[self.fallback]
+        )
+        return registry.acting(policy, fallback, None)
 
     def card(self, pod: requests.PodRequest) -> registry.Policy:
         """The pod's card policy (its override when valid, else the default), bound to the pod.
@@ -220,9 +228,29 @@ class FilterOutcome:
     """Internal 0..100 scores of ``feasible`` (same order, from the batch evaluation), when computed."""
 
 
-def context(snap: view.Snapshot) -> registry.Context:
-    """The policy context: the recent-request workload and the cards per model, for FGD-style policies."""
-    return registry.Context(workload=view.workload(snap), capacity=view.capacity(snap))
+def context(
+    snap: view.Snapshot, pod: requests.PodRequest | None = None, policies: Policies | None = None
+) -> registry.Context:
+    """The policy context: the recent-request workload and the cards per model, for FGD-style policies.
+
+    Given the pod and the policies, also the time and telemetry age limit (``Policies.clock``,
+    ``Policies.telemetry_max_age_s``) and the pod's job with the nodes holding its other pods, for
+    ``balanced`` (docs/topology.md).
+    """
+    ctx = registry.Context(workload=view.workload(snap), capacity=view.capacity(snap))
+    if pod is None or policies is None:
+        return ctx
+    job = pod.job(policies.job_label)
+    now = policies.clock() if policies.clock is not None else None
+    rows = functools.partial(jobs.telemetry_rows, snap.nodes, view.columns(snap))  # built if asked
+    return dataclasses.replace(
+        ctx,
+        now=now,
+        telemetry_max_age_s=policies.telemetry_max_age_s,
+        telemetry_rows=None if now is None else rows,
+        job=job,
+        job_nodes=jobs.job_nodes(snap.nodes, job),
+    )
 
 
 def reject_all(names: Sequence[str], reason: str) -> FilterOutcome:
@@ -250,13 +278,14 @@ def filter_nodes(
     if not pod.wants_gpu:
         return FilterOutcome(list(names), {}, {}, collections.Counter({FEASIBLE: len(names)}))
     card_policy = policies.card(pod)
-    node_policy = policies.node(pod, context(snap))
+    ctx = context(snap, pod, policies)
+    node_policy = policies.node(pod, ctx)
     skipped: dict[str, str] = {}
     if excluded:
         skipped = {n: excluded[n] for n in names if n in excluded}
         if skipped:
             names = [n for n in names if n not in skipped]
-    out = _evaluate(snap, pod, names, node_policy, card_policy, log, invalid)
+    out = _evaluate(snap, pod, names, node_policy, card_policy, log, invalid, ctx)
     if policies.extender_decides and len(out.feasible) > 1:
         _keep_choice(out, snap, pod, policies, log)
     for name, reason in skipped.items():
@@ -273,11 +302,12 @@ def _evaluate(
     card_policy: registry.Policy,
     log: logs.Log,
     invalid: Collection[str],
+    ctx: registry.Context | None = None,
 ) -> FilterOutcome:
     """The filter over nodes that are not excluded."""
     if log.enabled(5):
-        return _filter_verbose(snap, pod, names, card_policy, log, invalid)
-    ctx = context(snap)
+        return _filter_verbose(snap, pod, names, card_policy, log, invalid, ctx)
+    ctx = ctx or context(snap)
     quota = view.quota(snap, pod.namespace)
     ev = batch.evaluate(snap.nodes, view.columns(snap), names, pod, node_policy, card_policy, ctx, quota)
     out = FilterOutcome([], {}, {}, collections.Counter())
@@ -298,22 +328,21 @@ def _evaluate(
 def _keep_choice(
     out: FilterOutcome, snap: view.Snapshot, pod: requests.PodRequest, policies: Policies, log: logs.Log
 ) -> None:
-    """Narrow ``out.feasible`` to the node the extender chooses (``batch.best_first``, card policy willing).
+    """Narrow ``out.feasible`` to the node the extender chooses (``batch.first_placed``).
 
     The vectorised filter decides feasibility without asking the card policy, so the winner is
     placed once here; a node whose cards the policy refuses gives way to the next.
     """
     names = out.feasible
     scores = out.scores if out.scores is not None else score_nodes(snap, pod, names, policies, log)
-    ctx = context(snap)
+    ctx = context(snap, pod, policies)
     stepped = candidate_step(policies.node(pod, ctx), scores, ctx)
     card_policy = policies.card(pod)
     quota = view.quota(snap, pod.namespace)
-    for i in batch.best_first(names, stepped):
-        state = view.node_state(snap, names[i])
-        if state is not None and fit.place(state, pod, card_policy, ctx, quota).status.ok:
-            out.feasible, out.scores = [names[i]], scores[i : i + 1]
-            return
+    won = batch.first_placed(snap.nodes, names, stepped, pod, card_policy, ctx, quota)
+    if won is not None:
+        i = won[0]
+        out.feasible, out.scores = [names[i]], scores[i : i + 1]
 
 
 def _log_evaluation(log: logs.Log, pod: requests.PodRequest, ev: batch.Evaluation) -> None:
@@ -347,9 +376,10 @@ def _filter_verbose(
     card_policy: registry.Policy,
     log: logs.Log,
     invalid: Collection[str],
+    ctx: registry.Context | None = None,
 ) -> FilterOutcome:
     """The filter node by node with ``fit.place``, logging every node and card."""
-    ctx = context(snap)
+    ctx = ctx or context(snap)
     quota = view.quota(snap, pod.namespace)
     out = FilterOutcome([], {}, {}, collections.Counter())
     for name in names:
@@ -414,7 +444,7 @@ def score_nodes(
     """
     if not pod.wants_gpu:
         return np.zeros(len(names), np.int64)
-    ctx = context(snap)
+    ctx = context(snap, pod, policies)
     node_policy = policies.node(pod, ctx)
     card_policy = policies.card(pod)
     quota = view.quota(snap, pod.namespace)

@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -38,9 +39,12 @@ from gpuslice.extender import bind as binds
 from gpuslice.extender import binder as binders
 from gpuslice.extender import config, failpoints, feed, leader, logs, metrics, recovery, scheduling, view
 from gpuslice.extender import httpserver as httpservers
+from gpuslice.extender import pending as pendings
+from gpuslice.extender import preemption as preemptions
+from gpuslice.extender import shadow as shadows
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events as kevents
-from gpuslice.kube import lease
+from gpuslice.kube import lease, liveview, objects
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,10 +81,17 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     policies = scheduling.Policies.build(
         settings.node_policy, settings.card_policy, settings.node_choice, settings.workload.fallback
     )
+    policies = dataclasses.replace(  # balanced's task affinity and telemetry age (docs/topology.md)
+        policies,
+        job_label=settings.job_label,
+        telemetry_max_age_s=settings.telemetry_max_age_s,
+        clock=time.time,
+    )
     instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
     recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
     events: binds.Events = recorder if recorder is not None else binds.NoEvents()
     source = feed.Feed(kube, cache, settings, log, m, recorder)
+    source.sync.job_label = settings.job_label  # each placed pod's job reaches the cache
     lead = leadership(settings, kube)
     flow = binds.BindFlow(
         cache=cache,
@@ -107,12 +118,21 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     )
     source.on_node_lock = flow.node_lock_changed
     source.on_capacity_freed = flow.capacity_freed
+    shadow = shadows.build(settings, policies, m, cache)  # None unless --shadow-policy
+    if shadow is not None:
+        flow.on_bound = shadow.bound
+        source.on_capacity_freed = shadow.chained(source.on_capacity_freed)
     limits = recovery.Limits(
         settings.orphan_grace_s, settings.allocate_timeout_s, settings.node_lock_expiry_s
     )
     sweeper = recovery.Recovery(
         kube, source, flow, limits, events, m, log, lead.is_leading, settings.recovery_period_s
     )
+    preempting = None  # GPU-aware preemption (docs/preemption.md), on unless --preemption false
+    if settings.preemption:
+        preempting = preemptions.Preemption(
+            kube, cache, policies, events, m, log, source.pod, lead.is_leading, settings.nomination_ttl_s
+        )
 
     def changed(leading: bool) -> None:
         m.leader.set(1 if leading else 0)
@@ -133,6 +153,8 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
             await kube.aclose()
 
     services: list[apps.Service] = [kube_client, source.running, lead.running, sweeper.running]
+    if preempting is not None:
+        services.append(preempting.running)
     if recorder is not None:
 
         @contextlib.asynccontextmanager
@@ -154,7 +176,32 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         services=services,
         invalid_nodes=source.invalid_nodes,
         excluded=source.health.excluded,
+        shadow=shadow,
+        preemption=preempting,
+        pending=pendings.PendingPods(alive=_pending_alive(source)),
+        read_pod=_pod_reader(source, kube),
     )
+
+
+def _pending_alive(source: feed.Feed) -> Callable[[str, str], bool]:
+    """A pending pod stays listed while the watch still shows it unbound, under the same uid."""
+
+    def alive(key: str, uid: str) -> bool:
+        pod = source.pod(key)
+        return pod is not None and pod.metadata.uid == uid and not pod.spec.node_name and not pod.terminated
+
+    return alive
+
+
+def _pod_reader(
+    source: feed.Feed, kube: kclient.KubeClient
+) -> Callable[[str, str], Awaitable[objects.Pod | None]]:
+    """``/explain``'s pod lookup: the watched pod, else one GET (None: no such pod)."""
+
+    async def read(namespace: str, name: str) -> objects.Pod | None:
+        return source.pod(f"{namespace}/{name}") or await liveview.read_pod(kube, namespace, name)
+
+    return read
 
 
 def main(args: argparse.Namespace) -> int:

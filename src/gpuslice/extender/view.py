@@ -55,8 +55,13 @@ class Cache(Protocol):
         """An immutable view of nodes, usage, quotas and the recent-request histogram."""
         ...
 
-    def assume(self, key: str, uid: str, allocation: allocations.PodAllocation, now: float) -> status.Status:
-        """Reserve an allocation for a pod before its binding is confirmed (atomically checked)."""
+    def assume(
+        self, key: str, uid: str, allocation: allocations.PodAllocation, now: float, job: str = ""
+    ) -> status.Status:
+        """Reserve an allocation for a pod before its binding is confirmed (atomically checked).
+
+        ``job``: the pod's job (``PodRequest.job``), counted on the node for ``balanced``.
+        """
         ...
 
     def finish_binding(self, key: str, now: float) -> None:

@@ -45,6 +45,15 @@ class PodSpec(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
     init_containers: list[Container] | None = None
     node_name: str | None = None
     scheduler_name: str | None = None
+    priority: int | None = None
+    preemption_policy: str | None = None
+
+
+class OwnerReference(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An owner of the pod: its UID and whether it is the controller (the pod's job by default)."""
+
+    uid: str = ""
+    controller: bool | None = None
 
 
 class ObjectMeta(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -56,6 +65,7 @@ class ObjectMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     resource_version: str = msgspec.field(default="", name="resourceVersion")
     annotations: dict[str, str] | None = None
     labels: dict[str, str] | None = None
+    owner_references: list[OwnerReference] | None = msgspec.field(default=None, name="ownerReferences")
 
 
 class Pod(msgspec.Struct, frozen=True, omit_defaults=True):
