@@ -15,7 +15,7 @@ REPLAY_POLICIES ?= binpack,bestfit,fgd,fgd-lookahead
 REPLAY_SEEDS ?= 42-43
 REPLAY_LOADS ?= 0.8,0.9,0.95,1.0
 
-.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos control-plane helm chart-docs bench clean
+.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos control-plane helm chromium chart-docs bench clean
 
 venv: $(STAMP)
 
@@ -59,7 +59,13 @@ test-integration: $(STAMP) control-plane helm
 	GPUSLICE_HELM=$$(bash hack/helm/build.sh | tail -1) \
 	  $(PY) -m pytest tests/integration -m integration -q
 
-test-e2e: $(STAMP) control-plane helm
+# Debian's chromium for the cluster view's browser test (tests/e2e/test_ui_browser.py, which fails
+# without it): installed only when /usr/bin/chromium is missing and we are root
+chromium:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; fi
+
+test-e2e: $(STAMP) control-plane helm chromium
 	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
 	GPUSLICE_HELM=$$(bash hack/helm/build.sh | tail -1) \
 	  $(PY) -m pytest tests/e2e -m e2e -q
