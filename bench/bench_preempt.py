@@ -66,6 +66,10 @@ class Bound:
             return self.at[key]
 
 
+PRIORITIES = (5, 1000)
+"""The victims' and the preemptor's priorities (a PriorityClass each)."""
+
+
 def pod_body(name: str, priority: int, limits: dict[str, str], card: str | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if card is not None:
@@ -76,7 +80,7 @@ def pod_body(name: str, priority: int, limits: dict[str, str], card: str | None 
         "metadata": meta,
         "spec": {
             "schedulerName": SCHEDULER,
-            "priority": priority,  # the devcluster runs without the Priority admission plugin
+            "priorityClassName": f"bench-priority-{priority}",  # resolved by the Priority admission plugin
             "containers": [{"name": "c", "image": "pause", "resources": {"limits": limits}}],
         },
     }
@@ -112,11 +116,11 @@ def one(cp: ControlPlane, bound: Bound, cards: list[str], preempt: bool) -> floa
     assert status == 201, body
     low = [(f"low-{k}", cards[k // 2]) for k in range(4)] if preempt else []
     for name, card in low:
-        create(cp, ns, pod_body(name, 5, HALF, card))
+        create(cp, ns, pod_body(name, PRIORITIES[0], HALF, card))
     for name, _ in low:
         wait_until(lambda n=name: running(cp, ns, n), 60, f"{name} not running")
     start = time.monotonic()
-    create(cp, ns, pod_body("high", 1000, WHOLE))
+    create(cp, ns, pod_body("high", PRIORITIES[1], WHOLE))
     took = bound.wait(f"{ns}/high", 120) - start
     for name in [n for n, _ in low] + ["high"]:
         cp.api_request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}?gracePeriodSeconds=0")
@@ -142,6 +146,8 @@ def main() -> int:
         ext = devcluster.Extender(cp.kubeconfig, work / "gpuslice.log").start()
         cp.start_scheduler(devcluster.render_scheduler_config(ext.url, cp.kubeconfig, SCHEDULER))
         cards = nodesim.card_uuids(NODE, 2)
+        for value in PRIORITIES:
+            cp.priority_class(f"bench-priority-{value}", value)
         one(cp, bound, cards, preempt=True)  # warm-up
         for _ in range(args.reps):
             for mode in ("bind", "preempt"):

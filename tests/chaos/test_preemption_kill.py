@@ -37,7 +37,7 @@ def pod(ns: str, name: str, priority: int, limits: dict[str, str], hold: bool = 
         "metadata": {"name": name, "namespace": ns, "finalizers": [HOLD] if hold else []},
         "spec": {
             "schedulerName": SCHEDULER,
-            "priority": priority,  # no Priority admission plugin in the devcluster
+            "priorityClassName": f"chaos-priority-{priority}",  # resolved by the Priority admission plugin
             "nodeSelector": {"kubernetes.io/hostname": SOLO},
             "tolerations": [SOLO_TOLERATION],
             "containers": [{"name": "c", "image": "pause", "resources": {"limits": limits}}],
@@ -49,6 +49,8 @@ def test_no_card_is_handed_out_twice_when_the_extender_dies_after_evicting(chaos
     ext = chaos.extender("preempt-a").start()
     chaos.point_scheduler(ext.url)
     ns = chaos.namespace("preempt-kill")
+    for value in (5, 1000):
+        chaos.cp.priority_class(f"chaos-priority-{value}", value)
     for name in ("low-0", "low-1"):
         chaos.create_pod(pod(ns, name, 5, HALF, hold=True))
     chaos.wait(lambda: len(chaos.bound(ns)) == 2, 60, "low pods not bound")

@@ -1,9 +1,9 @@
 """GPU-aware preemption through a real kube-scheduler (docs/preemption.md).
 
 Each test gets a node of its own, tainted so no other test's pod lands there, served by its own
-``nodesim`` (which, like the kubelet, finishes the deletion of evicted pods). The cluster's
-admission chain has the ``Priority`` plugin off (see ``devcluster.controlplane``), so pods carry
-``spec.priority`` explicitly beside the ``priorityClassName`` of a PriorityClass the test creates.
+``nodesim`` (which, like the kubelet, finishes the deletion of evicted pods). Pods name a
+PriorityClass the test creates; the apiserver's ``Priority`` admission plugin resolves their
+``spec.priority`` from it, as in a real cluster.
 """
 
 from __future__ import annotations
@@ -49,17 +49,7 @@ def own_node(e2e_cluster: Cluster) -> Iterator[OwnNode]:
     classes = []
     for level, value in (("low", LOW), ("mid", MID), ("high", HIGH)):
         cls = f"e2e-{level}-{tag}"
-        status, body = e2e_cluster.cp.api_request(
-            "POST",
-            "/apis/scheduling.k8s.io/v1/priorityclasses",
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": cls},
-                "value": value,
-            },
-        )
-        assert status == 201, body
+        e2e_cluster.cp.priority_class(cls, value)
         classes.append(cls)
     try:
         yield OwnNode(name, tag)
@@ -91,7 +81,6 @@ def create(
         "spec": {
             "schedulerName": SCHEDULER,
             "priorityClassName": f"e2e-{level}-{node.tag}",
-            "priority": priority,
             "nodeSelector": {LABEL: node.tag},
             "tolerations": [{"key": LABEL, "operator": "Equal", "value": node.tag, "effect": "NoSchedule"}],
             "containers": [{"name": "c", "image": "pause", "resources": {"limits": limits}}],
@@ -99,6 +88,7 @@ def create(
     }
     status, obj = cluster.cp.api_request("POST", f"/api/v1/namespaces/{ns}/pods", body)
     assert status == 201, obj
+    assert obj["spec"]["priority"] == priority  # resolved by the Priority admission plugin
 
 
 HALF = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40960", "nvidia.com/gpucores": "50"}

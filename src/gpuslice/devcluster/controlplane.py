@@ -55,7 +55,7 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
 USER_NAME = "gpuslice"
 """The non-admin user of the second token (no groups besides ``system:authenticated``)."""
 
-DISABLED_ADMISSION_PLUGINS = "ServiceAccount,TaintNodesByCondition,Priority,StorageObjectInUseProtection"
+DISABLED_ADMISSION_PLUGINS = "ServiceAccount,TaintNodesByCondition,StorageObjectInUseProtection"
 
 _STOP_GRACE_S = 10.0
 _PORT_WAIT_S = 10.0
@@ -219,8 +219,9 @@ class ControlPlane:
     Authentication is by static bearer tokens: ``admin_token`` (group ``system:masters``) and
     ``user_token`` for the user ``gpuslice`` with no groups, so tests can check RBAC rules.
     Authorization mode is RBAC. The admission plugins that need absent controllers
-    (``ServiceAccount``, ``TaintNodesByCondition``, ``Priority``, ``StorageObjectInUseProtection``)
-    are disabled.
+    (``ServiceAccount``, ``TaintNodesByCondition``, ``StorageObjectInUseProtection``) are disabled.
+    ``Priority`` stays on, as in every real cluster: a pod's ``spec.priority`` is resolved from its
+    ``priorityClassName`` (``priority_class``), and a pod that sets another value is refused.
 
     Args:
         bin_dir: Directory with the binaries; defaults to ``binaries_dir()``.
@@ -765,6 +766,18 @@ class ControlPlane:
         if not isinstance(decoded, dict):
             decoded = {"text": text}
         return status, decoded
+
+    def priority_class(self, name: str, value: int) -> None:
+        """Create the PriorityClass ``name`` with ``value`` (an existing one is left as it is)."""
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+        status, got = self.api_request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body)
+        if status not in (201, 409):
+            raise ControlPlaneError(f"creating PriorityClass {name}: HTTP {status}: {got}")
 
     def create_node(
         self,
