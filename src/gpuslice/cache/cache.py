@@ -208,6 +208,10 @@ class ClusterCache:
         self._capacity: tuple[tuple[str, int], ...] | None = None
         self._grants: dict[allocations.DeviceGrant, allocations.DeviceGrant] = {}
         self._nominations: dict[str, _Nomination] = {}  # preemptor key -> its held cards
+        # ``Snapshot.jobs``: job -> node -> JobOnNode, from ``_states``' jobs. Copy-on-write: a
+        # mapping handed to a snapshot is never changed; a job whose nodes change gets a new one.
+        self._job_nodes: dict[str, Mapping[str, nodes.JobOnNode]] = {}
+        self._jobs_view: Mapping[str, Mapping[str, nodes.JobOnNode]] = types.MappingProxyType({})
 
     # ----- nodes
 
@@ -507,6 +511,8 @@ class ClusterCache:
         twice: now and at the next plain snapshot). Without a (visible) nomination this is the
         plain snapshot.
         """
+        if key not in self._nominations:  # most pods: a dict lookup (atomic) and the plain snapshot
+            return self.snapshot()
         with self._lock:
             nom = self._nominations.get(key)
             if nom is None or nom.claimed or nom.alloc.node not in self._nodes:
@@ -563,11 +569,15 @@ class ClusterCache:
             if self._last is not None and self._last.generation == self._gen:
                 return self._last
             nodes_changed = bool(self._removed or self._dirty) or self._last is None
+            jobs_changed: dict[str, dict[str, nodes.JobOnNode]] = {}  # job -> its new node map
             for name in self._removed:
-                self._states.pop(name, None)
+                gone = self._states.pop(name, None)
+                if gone is not None and gone.jobs:
+                    self._reindex_jobs(jobs_changed, name, gone.jobs, ())
                 self._cols.remove(name)
             for name in self._dirty:
                 n = self._nodes[name]
+                old = self._states.get(name)
                 state = nodes.NodeState(
                     inventory=n.inventory,
                     usage=tuple(n.usage),
@@ -577,8 +587,18 @@ class ClusterCache:
                 )
                 self._states[name] = state
                 self._cols.set(state)
+                old_jobs = () if old is None else old.jobs
+                if old_jobs != state.jobs:
+                    self._reindex_jobs(jobs_changed, name, old_jobs, state.jobs)
             self._removed.clear()
             self._dirty.clear()
+            if jobs_changed:
+                for job, on in jobs_changed.items():
+                    if on:
+                        self._job_nodes[job] = types.MappingProxyType(on)
+                    else:
+                        self._job_nodes.pop(job, None)
+                self._jobs_view = types.MappingProxyType(dict(self._job_nodes))
             if nodes_changed or self._last is None:
                 node_map: Mapping[str, nodes.NodeState] = types.MappingProxyType(dict(self._states))
                 cols = self._cols.freeze()
@@ -596,6 +616,7 @@ class ClusterCache:
                 workload=self._hist.workload(),
                 capacity=self._cards_per_model(),
                 orphans=tuple(sorted(o for os in self._orphans.values() for o in os)),
+                jobs=self._jobs_view,
             )
             return self._last
 
@@ -648,6 +669,32 @@ class ClusterCache:
                 out.append(shared)
             containers.append(tuple(out))
         return msgspec.structs.replace(alloc, node=sys.intern(alloc.node), containers=tuple(containers))
+
+    def _reindex_jobs(
+        self,
+        changed: dict[str, dict[str, nodes.JobOnNode]],
+        name: str,
+        old: tuple[nodes.JobOnNode, ...],
+        new: tuple[nodes.JobOnNode, ...],
+    ) -> None:
+        """Move the node's entries of the job index from ``old`` jobs to ``new`` ones (lock held).
+
+        A job touched gets a copy of its node map in ``changed`` (the snapshot installs them), so
+        the mappings older snapshots hold never change.
+        """
+        before = {j.job: j for j in old}
+        after = {j.job: j for j in new}
+        for job in before.keys() | after.keys():
+            j = after.get(job)
+            if before.get(job) == j:
+                continue
+            on = changed.get(job)
+            if on is None:
+                on = changed[job] = dict(self._job_nodes.get(job, {}))
+            if j is None:
+                on.pop(name, None)
+            else:
+                on[name] = j
 
     def _node_jobs(self, name: str, node: _Node) -> tuple[nodes.JobOnNode, ...]:
         """The jobs whose pods the node holds, sorted: pods per job and the cards they hold."""

@@ -28,6 +28,7 @@ class Orphan(msgspec.Struct, frozen=True, order=True):
 _NodeState = nodes.NodeState
 _Columns = columns.NodeColumns
 _QuotaView = quotas.QuotaView
+_JobOnNode = nodes.JobOnNode
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,6 +43,10 @@ class Snapshot:
         workload: recently seen pod shapes, for fragmentation-aware policies (None if none yet).
         orphans: grants on unknown nodes or cards.
         capacity: the nodes' cards per model, sorted by model (``registry.Context.capacity``).
+        jobs: the job index: job -> node name -> the job's pods there (``nodes.JobOnNode``), over
+            every node's ``NodeState.jobs`` (``registry.Context.job_nodes``); read-only, and kept
+            by the cache node by node (the mappings of jobs no node change touched are shared
+            between snapshots).
     """
 
     generation: int
@@ -51,10 +56,26 @@ class Snapshot:
     workload: registry.Workload | None = None
     orphans: tuple[Orphan, ...] = ()
     capacity: tuple[tuple[str, int], ...] = ()
+    jobs: Mapping[str, Mapping[str, _JobOnNode]] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
+
+    def job_nodes(self, job: str) -> Mapping[str, _JobOnNode]:
+        """Node name -> the job's pods there, for every node holding some (empty for '' or none)."""
+        return self.jobs.get(job, registry.NO_JOB_NODES) if job else registry.NO_JOB_NODES
 
     def quota(self, namespace: str) -> _QuotaView | None:
         """The namespace's quota view, or None when it has no limits."""
         return self.quotas.get(namespace)
+
+
+def job_index(states: Mapping[str, nodes.NodeState]) -> Mapping[str, Mapping[str, nodes.JobOnNode]]:
+    """``Snapshot.jobs`` by a scan of every node's ``NodeState.jobs`` (what the cache keeps incrementally)."""
+    out: dict[str, dict[str, nodes.JobOnNode]] = {}
+    for name, state in states.items():
+        for j in state.jobs:
+            out.setdefault(j.job, {})[name] = j
+    return types.MappingProxyType({job: types.MappingProxyType(on) for job, on in out.items()})
 
 
 def from_states(states: list[nodes.NodeState], generation: int = 0) -> Snapshot:
@@ -65,4 +86,5 @@ def from_states(states: list[nodes.NodeState], generation: int = 0) -> Snapshot:
         nodes=types.MappingProxyType(by_name),
         columns=columns.build(states),
         capacity=registry.model_capacity(d.type for s in states for d in s.inventory.devices),
+        jobs=job_index(by_name),
     )

@@ -89,6 +89,8 @@ class PendingPods:
 
     def drop(self, uid: str) -> None:
         """Forget a pod (it fits, is being bound, or is gone)."""
+        if uid not in self._by_uid:  # the common case on the filter path: nothing to forget
+            return  # (a lookup is atomic; an entry added meanwhile counts as added after the drop)
         with self._lock:
             self._by_uid.pop(uid, None)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -32,7 +31,7 @@ from gpuslice.codec import keys
 from gpuslice.extender import logs, view
 from gpuslice.model import config as model_config
 from gpuslice.model import nodes, requests, status
-from gpuslice.policy import batch, chains, fit, jobs, registry, shares
+from gpuslice.policy import batch, chains, fit, registry, shares
 
 FEASIBLE = "Feasible"
 
@@ -237,19 +236,18 @@ def context(
     ``Policies.telemetry_max_age_s``) and the pod's job with the nodes holding its other pods, for
     ``balanced`` (docs/topology.md).
     """
-    ctx = registry.Context(workload=view.workload(snap), capacity=view.capacity(snap))
     if pod is None or policies is None:
-        return ctx
+        return registry.Context(
+            workload=view.workload(snap), capacity=view.capacity(snap), job_nodes=registry.NO_JOB_NODES
+        )
     job = pod.job(policies.job_label)
-    now = policies.clock() if policies.clock is not None else None
-    rows = functools.partial(jobs.telemetry_rows, snap.nodes, view.columns(snap))  # built if asked
-    return dataclasses.replace(
-        ctx,
-        now=now,
+    return registry.Context(
+        workload=view.workload(snap),
+        capacity=view.capacity(snap),
+        now=None if policies.clock is None else policies.clock(),
         telemetry_max_age_s=policies.telemetry_max_age_s,
-        telemetry_rows=None if now is None else rows,
         job=job,
-        job_nodes=jobs.job_nodes(snap.nodes, job),
+        job_nodes=view.job_nodes(snap, job),
     )
 
 
@@ -287,7 +285,7 @@ def filter_nodes(
             names = [n for n in names if n not in skipped]
     out = _evaluate(snap, pod, names, node_policy, card_policy, log, invalid, ctx)
     if policies.extender_decides and len(out.feasible) > 1:
-        _keep_choice(out, snap, pod, policies, log)
+        _keep_choice(out, snap, pod, policies, log, ctx)
     for name, reason in skipped.items():
         out.failed[name] = reason
         out.reasons[reason] += 1
@@ -326,16 +324,21 @@ def _evaluate(
 
 
 def _keep_choice(
-    out: FilterOutcome, snap: view.Snapshot, pod: requests.PodRequest, policies: Policies, log: logs.Log
+    out: FilterOutcome,
+    snap: view.Snapshot,
+    pod: requests.PodRequest,
+    policies: Policies,
+    log: logs.Log,
+    ctx: registry.Context,
 ) -> None:
     """Narrow ``out.feasible`` to the node the extender chooses (``batch.first_placed``).
 
     The vectorised filter decides feasibility without asking the card policy, so the winner is
-    placed once here; a node whose cards the policy refuses gives way to the next.
+    placed once here; a node whose cards the policy refuses gives way to the next. ``ctx`` is the
+    filter's own context (``context(snap, pod, policies)``, built once per filter).
     """
     names = out.feasible
     scores = out.scores if out.scores is not None else score_nodes(snap, pod, names, policies, log)
-    ctx = context(snap, pod, policies)
     stepped = candidate_step(policies.node(pod, ctx), scores, ctx)
     card_policy = policies.card(pod)
     quota = view.quota(snap, pod.namespace)

@@ -14,6 +14,8 @@ from gpuslice.policy import columns as policy_columns
 from gpuslice.policy import quota as quotas
 from gpuslice.policy import registry
 
+_JobOnNode = nodes.JobOnNode  # the Protocol's ``nodes`` property shadows the module in its body
+
 
 class Snapshot(Protocol):
     """What the extender reads of a cache snapshot (``cache.snapshot.Snapshot`` satisfies it)."""
@@ -41,6 +43,11 @@ class Snapshot(Protocol):
     @property
     def capacity(self) -> tuple[tuple[str, int], ...]:
         """The nodes' cards per model (``registry.Context.capacity``)."""
+        ...
+
+    @property
+    def jobs(self) -> Mapping[str, Mapping[str, _JobOnNode]]:
+        """The job index: job -> node name -> the job's pods there (``NodeState.jobs``)."""
         ...
 
     def quota(self, namespace: str) -> quotas.QuotaView | None:
@@ -122,3 +129,10 @@ def workload(snap: Snapshot) -> registry.Workload | None:
 def capacity(snap: Snapshot) -> tuple[tuple[str, int], ...]:
     """The nodes' cards per model."""
     return snap.capacity
+
+
+def job_nodes(snap: Snapshot, job: str) -> Mapping[str, nodes.JobOnNode]:
+    """Node name -> the job's pods there, for every node holding some (empty for '' or none)."""
+    if not job:
+        return registry.NO_JOB_NODES
+    return snap.jobs.get(job, registry.NO_JOB_NODES)

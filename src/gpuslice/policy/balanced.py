@@ -10,21 +10,21 @@ placement, the score is ``floor(0.4 * U + 0.3 * A + 0.2 * T + 0.1 * F)`` where, 
 * A, task affinity: pods of the same job close together (the design document's meaning). A pod's
   job is ``Context.job`` (its controller owner reference, or a configured label:
   ``requests.PodRequest.job``), and ``Context.job_nodes`` says where the job's other pods are
-  (``nodes.NodeState.jobs``, kept by the extender's cache). When the job has placed pods: 0 on a
-  node holding none of them; on a node holding some, ``50 + 50 * close / |S|`` where a chosen
-  card is close when the job already holds it or it shares an NVLink with a card the job holds
-  (``linktables`` p2p 100); every card is close on a node without a topology, or when the job's
-  pods there hold no card (same node is the closest known). Without a job, or for a job's first
-  pod (nothing to be close to; the simulator's pods, which have no job), like joins like, as
-  before: a fractional request (cores < 100 and memory below the whole card) scores the share of
-  S already in use before placement (fractional tasks share cards and leave idle cards whole); a
-  whole-card request scores the share of the node's other cards that are held exclusively
+  (``nodes.NodeState.jobs``, indexed by job in the extender's cache snapshot). When the job has
+  placed pods: 0 on a node holding none of them; on a node holding some, ``50 + 50 * close / |S|``
+  where a chosen card is close when the job already holds it or it shares an NVLink with a card
+  the job holds (``linktables`` p2p 100); every card is close on a node without a topology, or
+  when the job's pods there hold no card (same node is the closest known). Without a job, or for
+  a job's first pod (nothing to be close to; the simulator's pods, which have no job), like joins
+  like, as before: a fractional request (cores < 100 and memory below the whole card) scores the
+  share of S already in use before placement (fractional tasks share cards and leave idle cards
+  whole); a whole-card request scores the share of the node's other cards that are held exclusively
   (whole-card tasks gather on the same nodes); 100 when S is the whole node.
 * T, thermal and power headroom of S from ``inventory.telemetry``: per card the mean of the
   readings present, temperature ``100 * clip((90 - t) / 60)`` (30 C or less = 100, 90 C or more = 0)
   and power ``100 * clip(1 - draw / limit)``; mean over cards with readings; 50 when none has any.
   Readings older than ``Context.telemetry_max_age_s`` at ``Context.now`` count as none
-  (``thermal.fresh``).
+  (``thermal.fresh``; per row of the columns by ``NodeColumns.telemetry_at``).
 * F, memory fragmentation: ``100 * (1 - stranded / |S|)``, where a chosen card is stranded when
   its free memory after placement is above 0 but below 10 % of the card (a sliver nobody can use).
 
@@ -60,6 +60,7 @@ STRANDED_FRACTION = 0.10
 _TM, _UM, _TC, _UC, _SLOTS = (
     columns.CARD_FIELDS.index(f) for f in ("total_mem", "used_mem", "total_cores", "used_cores", "used_slots")
 )
+_NO_HEADS = np.empty((0, 0), np.float64)  # ``_score_rows`` without readings: never read
 _NCARDS, _NOCAP, _HEAD_CARDS, _LINKS_ID = (
     columns.ROW_FIELDS.index(f) for f in ("ncards", "nocap_cards", "head_cards", "links_id")
 )
@@ -206,13 +207,14 @@ def _score_rows(
         now = wm * np.minimum(1.0, um / tmf) + wc * np.minimum(1.0, uc / tcf)
     masked = np.where(ok, key, np.inf)
     readings = bool(node[:, _HEAD_CARDS].any())
-    heads = cols.heads[rows]  # per row and card; stale telemetry counts as none (thermal.fresh)
-    stale = None
-    if readings and ctx.now is not None and ctx.telemetry_rows is not None:
-        stale = thermal.stale_rows(ctx.telemetry_rows(), rows, ctx.now, ctx.telemetry_max_age_s)
-    if stale is not None:
-        heads[stale] = np.nan
-        readings = not bool(np.isnan(heads).all())
+    # per row and card, gathered only when some row has readings (nothing reads it otherwise);
+    # stale telemetry counts as none (thermal.fresh, by the rows' ``telemetry_at``)
+    heads = cols.heads[rows] if readings else _NO_HEADS
+    if readings and ctx.now is not None:
+        stale = thermal.stale_rows(cols.telemetry_at, rows, ctx.now, ctx.telemetry_max_age_s)
+        if stale is not None:
+            heads[stale] = np.nan
+            readings = not bool(np.isnan(heads).all())
     picks = _choose(heads, masked, count, readings)  # (count, rows) card positions, ascending
     at = (idx[None, :], picks)  # the chosen cards, (count, rows)
     placeable = ok[at].all(axis=0)

@@ -1,7 +1,7 @@
 """Packed per-card arrays for many nodes, so the filter can judge hundreds of nodes in one numpy pass.
 
 Row r holds one node; column k its card k (``k < ncards[r]``); padding cards are ``CARD_ABSENT``.
-Four arrays, laid out for one gather per request:
+Five arrays, laid out for one gather per request:
 
 * ``cards`` (rows, K, ``len(CARD_FIELDS)``) int32 (clipped to its range): every per-card number
   (capacities, usage, state, NUMA node, and the card's type and mode as indices into ``types`` /
@@ -19,6 +19,9 @@ Four arrays, laid out for one gather per request:
   headroom (``head_cards``).
 * ``heads`` (rows, K) float64: each card's thermal/power headroom (``thermal.headroom``; NaN
   without readings, and for padding).
+* ``telemetry_at`` (rows,) float64: when the node's telemetry was read
+  (``NodeInventory.telemetry_at``, Unix seconds; NaN when unknown, and for free rows), for the age
+  rule on ``heads`` (``thermal.stale_rows``).
 
 Per card, ``free_milli`` is ``shares.card_free_milli`` (the paper policies' unit) and the row's
 ``tags_id`` names ``shares.node_tags`` of the state as given (recorded tags for a
@@ -95,6 +98,7 @@ class NodeColumns:
     hot: Int32Array
     nodes: IntArray
     heads: FloatArray
+    telemetry_at: FloatArray
     types: tuple[str, ...]
     modes: tuple[str, ...]
     links: tuple[linktables.LinkTables, ...]
@@ -141,6 +145,10 @@ class ColumnsBuilder:
         # rows holding readings -> what was written; the frozen copy is reused while none changes
         self._head_rows: dict[int, tuple[float | None, ...]] = {}
         self._frozen_heads: FloatArray | None = None
+        # rows with a known telemetry time -> that time; the frozen copy is reused while none changes
+        self._at = np.full(rows, np.nan, np.float64)
+        self._at_rows: dict[int, float] = {}
+        self._frozen_at: FloatArray | None = None
 
     def _grow(self, rows: int, k: int) -> None:
         old_rows, old_k = self._cards.shape[:2]
@@ -156,6 +164,11 @@ class ColumnsBuilder:
         t[:old_rows, :old_k] = self._heads
         self._cards, self._hot, self._nodes, self._heads = c, h, n, t
         self._frozen_heads = None
+        if rows > len(self._at):
+            at = np.full(rows, np.nan, np.float64)
+            at[: len(self._at)] = self._at
+            self._at = at
+            self._frozen_at = None
 
     def set(self, state: nodes.NodeState) -> None:
         """Write (or overwrite) the node's row."""
@@ -176,6 +189,7 @@ class ColumnsBuilder:
         free = shares.free_milli(state)
         heads = tuple(thermal.headrooms(state)) if state.inventory.telemetry else None
         self._set_heads(row, heads)
+        self._set_at(row, state.inventory.telemetry_at)
         for i, (d, u) in enumerate(zip(devs, state.usage, strict=True)):
             st = CARD_UNHEALTHY if not d.health else CARD_CORDONED if d.uuid in cordoned else CARD_OK
             type_id = self._types.setdefault(d.type, len(self._types))
@@ -250,12 +264,25 @@ class ColumnsBuilder:
                     self._heads[row, i] = h
         self._frozen_heads = None
 
+    def _set_at(self, row: int, at: float | None) -> None:
+        """Write the row's telemetry time (None: unknown), only when it changed."""
+        if self._at_rows.get(row) == at:
+            return
+        if at is None:
+            self._at_rows.pop(row, None)
+            self._at[row] = np.nan
+        else:
+            self._at_rows[row] = at
+            self._at[row] = at
+        self._frozen_at = None
+
     def remove(self, name: str) -> None:
         """Drop the node's row (it becomes free for reuse)."""
         row = self._row_of.pop(name, None)
         if row is not None:
             self._clear(row)
             self._set_heads(row, None)
+            self._set_at(row, None)
             self._free.append(row)
             self._frozen_rows = None
 
@@ -266,7 +293,10 @@ class ColumnsBuilder:
         t = self._frozen_heads
         if t is None or len(t) != used:
             t = self._frozen_heads = self._heads[:used].copy()
-        for a in (c, h, n, t):
+        at = self._frozen_at
+        if at is None or len(at) != used:
+            at = self._frozen_at = self._at[:used].copy()
+        for a in (c, h, n, t, at):
             a.flags.writeable = False
         if self._frozen_rows is None:
             self._frozen_rows = dict(self._row_of)
@@ -277,6 +307,7 @@ class ColumnsBuilder:
             hot=h,
             nodes=n,
             heads=t,
+            telemetry_at=at,
             types=tuple(self._types),
             modes=tuple(self._modes),
             links=tuple(self._links),

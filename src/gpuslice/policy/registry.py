@@ -17,6 +17,7 @@ serve at either level. Unknown names fail when the registry is asked, i.e. at st
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple, Protocol
 
@@ -52,6 +53,10 @@ class Workload(msgspec.Struct, frozen=True):
     weights: tuple[float, ...]
 
 
+NO_JOB_NODES: Mapping[str, nodes.JobOnNode] = types.MappingProxyType({})
+"""``Context.job_nodes`` of a pod without a job, or whose job has no placed pod."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Context:
     """Inputs a policy may use besides the node and the pod. Nothing here is global.
@@ -69,14 +74,12 @@ class Context:
         now: the time the pod is judged at (Unix seconds), given by the caller (policies never
             read the clock); None = no clock (the simulator): telemetry never counts as stale.
         telemetry_max_age_s: telemetry older than this at ``now`` counts as absent
-            (``thermal.fresh``); None = no limit.
-        telemetry_rows: when set, gives (on demand: only policies reading telemetry pay for it)
-            per row of the snapshot's ``columns.NodeColumns`` the time its node's telemetry was
-            read (``NodeInventory.telemetry_at``; NaN = unknown), so the vectorised scores apply
-            the same age rule (``thermal.stale_rows``).
+            (``thermal.fresh``; the vectorised scores apply the same rule to the rows of
+            ``columns.NodeColumns`` by their ``telemetry_at`` column); None = no limit.
         job: the pod's job (``requests.PodRequest.job``; '' = none): ``balanced``'s task affinity.
         job_nodes: the nodes holding pods of ``job`` (node name -> the job's share there,
-            ``nodes.JobOnNode``); empty when the job has no other placed pod.
+            ``nodes.JobOnNode``; the extender takes it from its cache snapshot's job index);
+            empty when the job has no other placed pod.
     """
 
     workload: Workload | None = None
@@ -85,9 +88,8 @@ class Context:
     capacity: tuple[tuple[str, int], ...] = ()
     now: float | None = None
     telemetry_max_age_s: float | None = None
-    telemetry_rows: Callable[[], np.ndarray] | None = None
     job: str = ""
-    job_nodes: Mapping[str, nodes.JobOnNode] = dataclasses.field(default_factory=dict)
+    job_nodes: Mapping[str, nodes.JobOnNode] = dataclasses.field(default_factory=lambda: NO_JOB_NODES)
 
 
 EMPTY_CONTEXT = Context()

@@ -9,7 +9,7 @@ Readings older than ``Context.telemetry_max_age_s`` at ``Context.now`` count as 
 node had published none (``fresh``; docs/topology.md): a node whose agent stopped must not keep
 looking cool. Without a clock (``now`` None, the simulator) or a timestamp
 (``NodeInventory.telemetry_at`` None) readings are taken as they are. ``stale_rows`` applies the
-same rule to rows of ``columns.NodeColumns`` from ``Context.telemetry_rows``.
+same rule to rows of ``columns.NodeColumns`` by their ``telemetry_at`` column.
 """
 
 from __future__ import annotations

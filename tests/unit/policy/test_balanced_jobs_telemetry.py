@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslice.cache import snapshot
 from gpuslice.model import nodes, topology
-from gpuslice.policy import balanced, columns, fit, jobs, registry, thermal
+from gpuslice.policy import balanced, columns, fit, registry, thermal
 from tests.unit.builders import bridged, node, pod, uuid
 
 pytestmark = pytest.mark.unit
@@ -29,7 +30,10 @@ def with_jobs(state: nodes.NodeState, *js: nodes.JobOnNode) -> nodes.NodeState:
 
 
 def ctx_for(states: dict[str, nodes.NodeState], job: str = JOB) -> registry.Context:
-    return dataclasses.replace(registry.EMPTY_CONTEXT, job=job, job_nodes=jobs.job_nodes(states, job))
+    index = snapshot.job_index(states)
+    return dataclasses.replace(
+        registry.EMPTY_CONTEXT, job=job, job_nodes=index.get(job, registry.NO_JOB_NODES)
+    )
 
 
 def both(states: dict[str, nodes.NodeState], p: object, ctx: registry.Context) -> dict[str, int]:
@@ -37,8 +41,6 @@ def both(states: dict[str, nodes.NodeState], p: object, ctx: registry.Context) -
     slow = {n: POLICY.score_node(s, p, ctx).score for n, s in states.items()}  # type: ignore[arg-type]
     cols = columns.build(list(states.values()))
     names = list(states)
-    if ctx.now is not None:
-        ctx = dataclasses.replace(ctx, telemetry_rows=lambda: jobs.telemetry_rows(states, cols))
     fast = POLICY.score_columns(cols, cols.rows(names), p, ctx)  # type: ignore[attr-defined]
     assert dict(zip(names, fast.tolist(), strict=True)) == slow
     return slow
@@ -107,10 +109,10 @@ def test_job_nodes_index() -> None:
         node("a").gpus(2).state(), nodes.JobOnNode(JOB, 2, (0, 1)), nodes.JobOnNode("label:x", 1, (1,))
     )
     b = with_jobs(node("b").gpus(2).state(), nodes.JobOnNode(JOB, 1, (1,)))
-    states = {"a": a, "b": b, "c": node("c").gpus(1).state()}
-    assert dict(jobs.job_nodes(states, JOB)) == {"a": a.jobs[0], "b": b.jobs[0]}
-    assert dict(jobs.job_nodes(states, "label:x")) == {"a": a.jobs[1]}
-    assert not jobs.job_nodes(states, "") and not jobs.job_nodes(states, "owner:none")
+    snap = snapshot.from_states([a, b, node("c").gpus(1).state()])
+    assert dict(snap.job_nodes(JOB)) == {"a": a.jobs[0], "b": b.jobs[0]}
+    assert dict(snap.job_nodes("label:x")) == {"a": a.jobs[1]}
+    assert not snap.job_nodes("") and not snap.job_nodes("owner:none")
 
 
 @settings(max_examples=40, deadline=None)
@@ -194,3 +196,51 @@ def test_stale_rows() -> None:
     assert got is not None and got.tolist() == [False, False, True, False]
     assert thermal.stale_rows(at, rows, None, 300.0) is None
     assert thermal.stale_rows(at, np.array([0, 1]), NOW, 300.0) is None
+
+
+def stamped(name: str, temp: float, at: float | None) -> nodes.NodeState:
+    b = node(name).gpus(2).used(0, memory=1000).telemetry(0, temperature_c=temp)
+    s = b.telemetry(1, temperature_c=temp + 5).state()  # the pod goes to card 1, the emptier
+    return msgspec.structs.replace(s, inventory=msgspec.structs.replace(s.inventory, telemetry_at=at))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.floats(0.0, 400.0)), min_size=3, max_size=3),
+    st.lists(st.floats(30.0, 90.0), min_size=3, max_size=3),
+    st.one_of(st.none(), st.floats(1.0, 300.0)),
+)
+def test_columns_agree_with_score_node_under_telemetry_age(
+    ages: list[float | None], temps: list[float], max_age: float | None
+) -> None:
+    states = {
+        n: stamped(n, t, None if age is None else NOW - age)
+        for n, t, age in zip(("a", "b", "c"), temps, ages, strict=True)
+    }
+    ctx = dataclasses.replace(registry.EMPTY_CONTEXT, now=NOW, telemetry_max_age_s=max_age)
+    both(states, pod().gpu(1, memory=1000).obj(), ctx)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.one_of(st.none(), st.floats(0.0, 1e9))), max_size=30))
+def test_the_telemetry_at_column_follows_set_and_remove(ops: list[tuple[str, float | None]]) -> None:
+    b = columns.ColumnsBuilder(rows=1, cards=1)
+    held: dict[str, float | None] = {}
+    kept: list[tuple[columns.NodeColumns, list[float]]] = []
+    for k, (name, at) in enumerate(ops):
+        if at is not None and at < 1e8:  # some operations remove the node instead
+            b.remove(name)
+            held.pop(name, None)
+        else:
+            b.set(stamped(name, 50.0, at))
+            held[name] = at
+        cols = b.freeze()
+        want = np.full(cols.nodes.shape[0], np.nan)
+        for n, row in cols.row_of.items():
+            want[row] = np.nan if held[n] is None else held[n]
+        np.testing.assert_array_equal(cols.telemetry_at, want)
+        assert not cols.telemetry_at.flags.writeable
+        if k % 3 == 0:
+            kept.append((cols, cols.telemetry_at.tolist()))
+    for cols, then in kept:  # frozen views never change
+        np.testing.assert_array_equal(cols.telemetry_at, then)
