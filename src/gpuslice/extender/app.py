@@ -366,8 +366,7 @@ class Handlers:
             self._count(outcome)
             result = wire.ExtenderFilterResult(outcome.feasible, outcome.failed, outcome.unresolvable)
             return wire.ENCODER.encode(result)
-        # A preemptor sees the cards nominated for it free (``extender.preemption``).
-        snap = deps.cache.snapshot() if deps.preemption is None else deps.preemption.snapshot(pod)
+        snap = self._snapshot(pod)
         if pod.wants_gpu and pod.uid not in self._seen:
             self._seen.put(pod.uid, True)
             self._workload.add(scheduling.shape(snap, pod, names))
@@ -376,8 +375,7 @@ class Handlers:
                     meta.namespace, meta.name, meta.uid, "Warning", "PolicyIgnored", "Filter", problem
                 )
         if self._workload.flush():
-            # the workload changed: score against the new one
-            snap = deps.cache.snapshot() if deps.preemption is None else deps.preemption.snapshot(pod)
+            snap = self._snapshot(pod)  # the workload changed: score against the new one
         outcome = scheduling.filter_nodes(
             snap, pod, names, deps.policies, self.log, deps.invalid_nodes, deps.excluded
         )
@@ -419,6 +417,11 @@ class Handlers:
                 b',"Error":""}',
             )
         )
+
+    def _snapshot(self, pod: requests.PodRequest) -> view.Snapshot:
+        """The snapshot the pod's filter judges: a preemptor sees its nominated cards free."""
+        pre = self.deps.preemption
+        return self.deps.cache.snapshot() if pre is None else pre.snapshot(pod)
 
     def _count(self, outcome: scheduling.FilterOutcome) -> None:
         for reason, n in outcome.reasons.items():  # a few reason codes, not one per node

@@ -167,7 +167,7 @@ class UntilTrusted:
         self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
     ) -> registry.Scored:
         """The score of whichever policy applies under ``ctx``."""
-        return (self.learned if ctx.workload is not None else self.fallback).score_node(state, pod, ctx)
+        return self._under(ctx).score_node(state, pod, ctx)
 
     def choose_cards(
         self,
@@ -177,8 +177,10 @@ class UntilTrusted:
         ctx: registry.Context,
     ) -> tuple[int, ...] | None:
         """The cards whichever policy applies under ``ctx`` chooses."""
-        policy = self.learned if ctx.workload is not None else self.fallback
-        return policy.choose_cards(state, request, eligible, ctx)
+        return self._under(ctx).choose_cards(state, request, eligible, ctx)
+
+    def _under(self, ctx: registry.Context) -> registry.Policy:
+        return self.learned if ctx.workload is not None else self.fallback
 
 
 UNFIT = -1
