@@ -14,6 +14,11 @@ The rules, for requests ``s_1, s_2, ..., s_t`` (``observe`` in that order):
   than ``max_shapes`` shapes are held the lightest other than the one just requested is forgotten
   (ties: the one held the longest goes first). A forgotten shape's past requests never count again;
   a later request of it starts it afresh.
+* admission: a shape with a number outside ``gpuslice.model.limits`` (negative, or beyond what any
+  decoded request can make) or with more than ``MAX_TYPES`` models (or a model name longer than a
+  Kubernetes name) is refused and counted in ``refused``; it never weighs in any workload. The
+  decoders already refuse such requests; this is the histogram's own guard, since one such shape
+  would reach every later decision of the policies that learn the workload.
 * trust: until ``min_count`` requests were observed the histogram is untrusted and ``workload()``
   is None (callers substitute ``fallback`` for the policies that learn the workload).
 * snapshot: ``workload()`` is a snapshot of the normalized weights, taken when the histogram
@@ -37,12 +42,15 @@ import itertools
 import math
 
 from gpuslice.model import config as model_config
+from gpuslice.model import limits
 from gpuslice.policy import registry
 
 MAX_SHAPES = 512
 """Default bound on the shapes held."""
 FLOOR = 1e-3
 """Default weight below which a shape is forgotten (the latest request weighs 1)."""
+MAX_TYPES = 64
+"""Most card models a shape may name (``nvidia.com/use-gputype`` lists a few)."""
 _MAX_SCALE_EXP = 600.0
 """The origin moves once ``decay**(origin - t)`` would exceed ``e**600`` (floats overflow at ~e**709)."""
 
@@ -58,6 +66,17 @@ def check(ws: model_config.WorkloadSettings) -> model_config.WorkloadSettings:
     if problems:
         raise problems[0]
     return ws
+
+
+def admissible(shape: registry.Shape) -> bool:
+    """True when every number of ``shape`` lies within ``gpuslice.model.limits`` (module docstring)."""
+    return (
+        0 <= shape.cpu_milli <= limits.MAX_CPU_MILLI
+        and 0 <= shape.share_milli <= limits.MAX_SHAPE_SHARE
+        and 0 <= shape.count <= limits.MAX_SHAPE_CARDS
+        and len(shape.types) <= MAX_TYPES
+        and all(len(t) <= limits.MAX_NAME for t in shape.types)
+    )
 
 
 def sort_key(shape: registry.Shape) -> tuple[int, int, int, tuple[str, ...]]:
@@ -117,6 +136,8 @@ class ShapeHistogram:
         self._snap_weights: dict[registry.Shape, float] = {}
         self.count = 0
         """Requests observed."""
+        self.refused = 0
+        """Requests refused as not ``admissible``."""
         self.snapshots = 0
         """Snapshots taken."""
 
@@ -143,7 +164,13 @@ class ShapeHistogram:
         return {s: v * factor for s, v in self._v.items()}
 
     def observe(self, shape: registry.Shape) -> bool:
-        """Record one request of ``shape``; True when the snapshot (``workload()``) changed."""
+        """Record one request of ``shape``; True when the snapshot (``workload()``) changed.
+
+        A shape that is not ``admissible`` is refused (``refused``): nothing changes.
+        """
+        if not admissible(shape):
+            self.refused += 1
+            return False
         if self._t + 1 - self._origin > self._span:
             self._rebase()
         self._t += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuslice.codec import errors, keys, pod_selectors, registrations, telemetry, topology
-from gpuslice.model import devices, nodes
+from gpuslice.model import devices, limits, nodes
 from gpuslice.model import topology as model_topology
 
 
@@ -16,7 +16,8 @@ def node_devices(annotations: Mapping[str, str]) -> tuple[devices.GpuDevice, ...
 
     Raises:
         AnnotationMissing: no ``hami.io/node-nvidia-register``.
-        DecodeError: a malformed registration, or one listing no card (``no gpu found on node``).
+        DecodeError: a malformed registration, one listing no card (``no gpu found on node``) or
+            more than ``limits.MAX_CARDS`` cards.
     """
     value = annotations.get(keys.NODE_REGISTER)
     if value is None:
@@ -24,6 +25,10 @@ def node_devices(annotations: Mapping[str, str]) -> tuple[devices.GpuDevice, ...
     cards = registrations.decode(value)
     if not cards:
         raise errors.DecodeError(keys.NODE_REGISTER, "value", "no gpu found on node")
+    if len(cards) > limits.MAX_CARDS:
+        raise errors.DecodeError(
+            keys.NODE_REGISTER, "value", f"{len(cards)} cards registered, more than {limits.MAX_CARDS}"
+        )
     return cards
 
 

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 
 from gpuslice.codec import errors, goparse, keys
-from gpuslice.model import requests
+from gpuslice.model import limits, requests
 
 _WEIGHT = re.compile(r"[0-9]{1,9}", re.ASCII)
 
@@ -79,14 +79,31 @@ def selectors(annotations: Mapping[str, str]) -> requests.Selectors:
     )
 
 
+def _policy(annotations: Mapping[str, str], name: str) -> str | None:
+    value = _optional(annotations, name)
+    if value is not None and len(value) > limits.MAX_POLICY_VALUE:
+        raise errors.DecodeError(
+            name, "value", f"policy is {len(value)} characters long, more than {limits.MAX_POLICY_VALUE}"
+        )
+    return value
+
+
 def node_policy(annotations: Mapping[str, str]) -> str | None:
-    """The per-pod node policy override, or None."""
-    return _optional(annotations, keys.NODE_SCHEDULER_POLICY)
+    """The per-pod node policy override, or None.
+
+    Raises:
+        DecodeError: longer than ``limits.MAX_POLICY_VALUE`` (no policy name is).
+    """
+    return _policy(annotations, keys.NODE_SCHEDULER_POLICY)
 
 
 def card_policy(annotations: Mapping[str, str]) -> str | None:
-    """The per-pod card policy override (possibly a comma chain), or None."""
-    return _optional(annotations, keys.GPU_SCHEDULER_POLICY)
+    """The per-pod card policy override (possibly a comma chain), or None.
+
+    Raises:
+        DecodeError: longer than ``limits.MAX_POLICY_VALUE`` (no chain of known policies is).
+    """
+    return _policy(annotations, keys.GPU_SCHEDULER_POLICY)
 
 
 ScoringWeights = requests.ScoringWeights

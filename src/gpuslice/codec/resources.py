@@ -33,6 +33,7 @@ import msgspec
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import goparse, linkreq, pod_selectors, podspec, quantity
 from gpuslice.model import config as model_config
+from gpuslice.model import limits as model_limits
 from gpuslice.model import requests
 
 ResourceList = Mapping[str, object]
@@ -178,40 +179,97 @@ def check_percentage(
             )
 
 
+def check_card_amounts(
+    limits: ResourceList, reqs: ResourceList, config: model_config.RequestConfig, where: str
+) -> None:
+    """Refuse a card count, memory or cores that is not an integer within its bound.
+
+    HAMi's ``GenerateResourceRequests`` silently drops a container's whole GPU request when its
+    memory exceeds ``MaxInt32 / memoryFactor`` or is not an integer (``gpumem: 16Gi`` reads as
+    17179869184 MiB), and then schedules the pod as if it asked for no GPU; its device plugin
+    later fails it. gpuslice refuses the pod instead, naming the resource: the count must be in
+    0..``MAX_CARDS`` (no node has more cards), memory in 0..``MaxInt32 / memoryFactor`` MiB,
+    cores in 0..``MaxInt32``. ``generate_request`` keeps HAMi's rule for HAMi's own cases.
+
+    Raises:
+        DecodeError: naming the resource (``annotation``) and ``where`` (``field``).
+    """
+    names = config.names
+    bounds = (
+        (names.count, model_limits.MAX_CARDS, "cards"),
+        (names.memory, model_limits.MAX_CARD_MEMORY_MIB // max(1, config.memory_factor), "MiB per card"),
+        (names.cores, model_limits.MAX_CARD_CORES, "percent of each card's cores"),
+    )
+    for name, high, unit in bounds:
+        for source in (limits, reqs):
+            if name not in source:
+                continue
+            raw = source[name]
+            value = quantity.as_int64(quantity.parse(raw, name))
+            if value is None or not 0 <= value <= high:
+                raise codec_errors.DecodeError(
+                    name, where, f"{name} must be an integer in 0..{high} ({unit}), got {raw}"
+                )
+
+
 def container_request(
     container: Mapping[str, Any], config: model_config.RequestConfig, where: str = "container"
 ) -> requests.ContainerRequest | None:
     """One container's GPU request, with the webhook's rules when ``config.exclusive_whole_card``.
 
-    The memory percentage is checked first, with or without the webhook's rules (see the module
-    docstring): a value outside 0..100 is an error, not HAMi's clamp.
+    The amounts are checked first, with or without the webhook's rules (see the module docstring
+    and ``check_card_amounts``): a percentage outside 0..100 is an error, not HAMi's clamp, and a
+    count, memory or cores outside its bound is an error, not HAMi's dropped request.
 
     Raises:
-        DecodeError: a malformed container or quantity, or a percentage outside 0..100 (naming
+        DecodeError: a malformed container or quantity, or an amount outside its bound (naming
             the resource and ``where``, the container's path such as ``spec.containers[0]``).
     """
     limits, reqs = podspec.resources(container, where)
     check_percentage(limits, reqs, config.names, where)
+    check_card_amounts(limits, reqs, config, where)
     if config.exclusive_whole_card:
         return webhook_request(limits, reqs, config)
     return generate_request(limits, reqs, config)
 
 
-def _host(limits: ResourceList, reqs: ResourceList, name: str, milli: bool) -> int:
+HOST_BOUNDS = {"cpu": model_limits.MAX_CPU_MILLI, "memory": model_limits.MAX_MEMORY_MIB}
+"""The host resources gpuslice reads, and the bound of each (millicores, MiB)."""
+_HOST_UNITS = {"cpu": "millicores", "memory": "MiB"}
+
+
+def check_host(name: str, value: int, where: str, what: str = "") -> int:
+    """``value`` (of ``cpu`` in millicores or ``memory`` in MiB) when it lies within its bound.
+
+    Raises:
+        DecodeError: naming the resource and ``where``.
+    """
+    high = HOST_BOUNDS[name]
+    if not 0 <= value <= high:
+        raise codec_errors.DecodeError(
+            name, where, f"{what or name} must be in 0..{high} {_HOST_UNITS[name]}, got {value}"
+        )
+    return value
+
+
+def _host(limits: ResourceList, reqs: ResourceList, name: str, milli: bool, where: str) -> int:
     raw = reqs[name] if name in reqs else limits.get(name)
     if raw is None:
         return 0
     q = quantity.parse(raw, name)
-    return quantity.milli_value(q) if milli else quantity.value(q / 2**20)
+    return check_host(name, quantity.milli_value(q) if milli else quantity.value(q / 2**20), where)
 
 
-def container_host(limits: ResourceList, reqs: ResourceList) -> tuple[int, int]:
+def container_host(limits: ResourceList, reqs: ResourceList, where: str = "container") -> tuple[int, int]:
     """One container's host request: CPU in millicores and memory in MiB (rounded up).
 
     The request, or the limit when no request is given (the API server defaults a missing request
     to the limit, so a stored pod always has it; a pod under admission may not yet).
+
+    Raises:
+        DecodeError: a malformed quantity, or one outside 0..``HOST_BOUNDS`` (naming ``where``).
     """
-    return _host(limits, reqs, "cpu", True), _host(limits, reqs, "memory", False)
+    return _host(limits, reqs, "cpu", True, where), _host(limits, reqs, "memory", False, where)
 
 
 def host_request(
@@ -249,7 +307,8 @@ def allocatable_host(allocatable: Mapping[str, str]) -> tuple[int, int]:
     mem = allocatable.get("memory")
     cpu_milli = quantity.milli_value(quantity.parse(cpu, "cpu")) if cpu else 0
     mem_mib = math.floor(quantity.parse(mem, "memory") / 2**20) if mem else 0
-    return max(cpu_milli, 0), max(mem_mib, 0)
+    where = "status.allocatable"
+    return check_host("cpu", max(cpu_milli, 0), where), check_host("memory", max(mem_mib, 0), where)
 
 
 def _host_usage(
@@ -258,11 +317,46 @@ def _host_usage(
     """The pod's host request (``host_request``) from its container dicts."""
 
     def one(c: Mapping[str, Any], where: str) -> tuple[int, int]:
-        return container_host(*podspec.resources(c, where))
+        return container_host(*podspec.resources(c, where), where)
 
     inits = [one(c, f"spec.initContainers[{i}]") for i, c in enumerate(init)]
     apps = [one(c, f"spec.containers[{i}]") for i, c in enumerate(app)]
-    return host_request(apps, inits, sidecars)
+    return checked_host_request(apps, inits, sidecars)
+
+
+def checked_host_request(
+    apps: Sequence[tuple[int, int]], inits: Sequence[tuple[int, int]], sidecars: Collection[int] = ()
+) -> tuple[int, int]:
+    """``host_request``, refused when the pod's total lies beyond ``HOST_BOUNDS``.
+
+    Raises:
+        DecodeError: naming the resource, field ``spec``.
+    """
+    cpu, mem = host_request(apps, inits, sidecars)
+    return (
+        check_host("cpu", cpu, "spec", "the pod's cpu request"),
+        check_host("memory", mem, "spec", "the pod's memory request"),
+    )
+
+
+def check_annotation_size(annotations: Mapping[str, object]) -> None:
+    """Refuse annotations larger in total than Kubernetes allows (``MAX_ANNOTATION_BYTES``).
+
+    The API server never stores such a pod; a request carrying one did not come from it.
+
+    Raises:
+        DecodeError: field ``metadata.annotations``.
+    """
+    size = 0
+    for k, v in annotations.items():
+        size += len(k) + (len(v) if isinstance(v, str) else 0)
+    limit = model_limits.MAX_ANNOTATION_BYTES
+    if size > limit:
+        raise codec_errors.DecodeError(
+            "pod",
+            "metadata.annotations",
+            f"annotations total {size} bytes, more than Kubernetes allows ({limit})",
+        )
 
 
 def parse_pod(
@@ -275,10 +369,12 @@ def parse_pod(
 
     Raises:
         DecodeError: a malformed pod structure, quantity, ``hami.io/numa-hint`` or
-            ``hami.io/gpu-topology-requirement``.
+            ``hami.io/gpu-topology-requirement``, or an amount beyond ``gpuslice.model.limits``
+            (each naming its field).
     """
     metadata = podspec.metadata(pod)
     annotations = podspec.pod_annotations(pod)
+    check_annotation_size(annotations)
     init = podspec.containers(pod, "initContainers")
     app = podspec.containers(pod, "containers")
     containers = tuple(

@@ -86,17 +86,18 @@ def _host(c: objects.Container) -> tuple[int, int]:
     return _container_host((lim.get("cpu"), lim.get("memory")), (req.get("cpu"), req.get("memory")))
 
 
-def host_request(pod: objects.Pod) -> tuple[int, int]:
+def host_request(pod: objects.Pod) -> tuple[int, int] | None:
     """The pod's host CPU (milli) and memory (MiB) as kube-scheduler counts them (``resources.host_request``).
 
-    A malformed quantity counts as nothing (the API server never stores one).
+    None for a malformed quantity (the API server never stores one) or one beyond
+    ``resources.HOST_BOUNDS`` (no node could run such a pod, so it holds no host resources).
     """
     try:
         apps = [_host(c) for c in pod.spec.containers]
         inits = [_host(c) for c in pod.spec.init_containers]
+        return resources.checked_host_request(apps, inits, pod.sidecars)
     except codec_errors.DecodeError:
-        return 0, 0
-    return resources.host_request(apps, inits, pod.sidecars)
+        return None
 
 
 def pod_job(pod: objects.Pod, job_label: str = "") -> str:
@@ -322,7 +323,7 @@ class Sync:
         else:
             if self.bad_pods:
                 self.bad_pods.pop(key, None)
-        cpu, memory = host_request(pod)
+        cpu, memory = host_request(pod) or (0, 0)
         if alloc is None:
             if not pod.spec.node_name or not (cpu or memory):
                 self.cache.remove_pod(key)
@@ -338,7 +339,8 @@ class Sync:
 
         FGD's target workload includes pods that ask no GPU (Weng et al., USENIX ATC 2023: a free
         card is a fragment to them); the extender's filter never sees such pods, so the pod feed
-        observes them when it first sees them pending. GPU pods are observed by the filter.
+        observes them when it first sees them pending. GPU pods are observed by the filter. A pod
+        whose host request does not decode within the bounds is never observed.
         """
         uid = pod.metadata.uid
         if not uid or uid in self._observed or self._asks_gpu(pod):
@@ -346,8 +348,9 @@ class Sync:
         self._observed[uid] = None
         if len(self._observed) > OBSERVED_LIMIT:
             del self._observed[next(iter(self._observed))]
-        cpu, _ = host_request(pod)
-        self.cache.observe_request(registry.Shape(cpu_milli=cpu, share_milli=0, count=0))
+        host = host_request(pod)
+        if host is not None:
+            self.cache.observe_request(registry.Shape(cpu_milli=host[0], share_milli=0, count=0))
 
     def _asks_gpu(self, pod: objects.Pod) -> bool:
         names = self.request_config.names

@@ -194,18 +194,18 @@ class ColumnsBuilder:
             st = CARD_UNHEALTHY if not d.health else CARD_CORDONED if d.uuid in cordoned else CARD_OK
             type_id = self._types.setdefault(d.type, len(self._types))
             mode_id = self._modes.setdefault(d.mode, len(self._modes))
-            crow[i] = (
+            crow[i] = (  # registered numbers are int32 by decoding; usage sums over pods may not be
                 d.memory_mib,
-                u.memory_mib,
+                _clip32(u.memory_mib),
                 d.cores,
-                u.cores,
+                _clip32(u.cores),
                 d.split_count,
-                u.slots,
+                _clip32(u.slots),
                 st,
                 type_id,
                 mode_id,
                 d.numa,
-                free[i],
+                _clip32(free[i]),
             )
             if st == CARD_UNHEALTHY:
                 flag = UNHEALTHY

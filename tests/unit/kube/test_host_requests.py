@@ -9,12 +9,14 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User
 
 from gpuslice.cache import cache as cluster_cache
+from gpuslice.cache import shapes
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, pod_devices, registrations, resources
 from gpuslice.devcluster import nodesim
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, objects, sync
 from gpuslice.model import allocations
+from gpuslice.policy import registry
 
 pytestmark = pytest.mark.unit
 
@@ -169,3 +171,56 @@ def test_allocatable_host(allocatable: dict[str, str], expected: tuple[int, int]
 def test_malformed_allocatable_is_an_error() -> None:
     with pytest.raises(codec_errors.DecodeError):
         resources.allocatable_host({"cpu": "lots"})
+
+
+# ----- values past the bounds of gpuslice.model.limits
+
+
+def test_a_node_whose_allocatable_is_past_the_bound_is_invalid_and_named(
+    setup: tuple[sync.Sync, cluster_cache.ClusterCache],
+) -> None:
+    s, cache = setup
+    s.on_node(informer.Event(E.MODIFIED, node_obj({"cpu": "1e30", "memory": "128Gi"})))
+    assert NODE not in cache.snapshot().nodes
+    assert "cpu" in s.invalid_nodes[NODE] and "status.allocatable" in s.invalid_nodes[NODE]
+
+
+def test_a_bound_pod_with_an_absurd_request_holds_no_host_resources(
+    setup: tuple[sync.Sync, cluster_cache.ClusterCache],
+) -> None:
+    s, cache = setup
+    s.on_pod(informer.Event(E.ADDED, pod_obj("sane", NODE, [container("c", "2", "1Gi")])))
+    s.on_pod(informer.Event(E.ADDED, pod_obj("absurd", NODE, [container("c", "1e30", "1Gi")])))
+    # the absurd pod is not charged (no node could run it); the sane one is, and nothing overflows
+    assert host(cache) == (32000, 2000, 131072, 1024)
+
+
+def test_a_pending_pod_with_an_absurd_request_never_enters_the_workload() -> None:
+    config = KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t")).get()
+    assert config is not None
+    hist = shapes.ShapeHistogram()
+    s = sync.Sync(kclient.KubeClient(config), cluster_cache.ClusterCache(hist))
+    for name, cpu in (("absurd-cpu", "1e30"), ("absurd-total", f"{2**39 // 1000 + 1}"), ("sane", "4")):
+        apps = [container("a", cpu, None), container("b", cpu, None)]  # two: the total is checked too
+        s.on_pod(informer.Event(E.ADDED, pod_obj(name, "", apps, phase="Pending")))
+    assert list(hist.weights()) == [registry.Shape(cpu_milli=8000, share_milli=0, count=0)]
+    assert hist.refused == 0  # refused where decoded, before the histogram's own guard
+
+
+def test_usage_summed_past_int32_on_one_card_is_held_without_overflow(
+    setup: tuple[sync.Sync, cluster_cache.ClusterCache],
+) -> None:
+    # Device annotations are int32 each (HAMi's format); two of them on one card add past it.
+    s, cache = setup
+    uuid = CARDS[0].uuid
+    for name in ("x", "y"):
+        ann = {
+            keys.VGPU_NODE: NODE,
+            keys.DEVICES_ALLOCATED: pod_devices.encode(
+                [(allocations.DeviceGrant(uuid=uuid, memory_mib=2**31 - 1, cores=2**31 - 1),)]
+            ),
+        }
+        s.on_pod(informer.Event(E.ADDED, pod_obj(name, NODE, [container("c", "1", None)], annotations=ann)))
+    snap = cache.snapshot()
+    assert snap.nodes[NODE].usage[0].memory_mib == 2 * (2**31 - 1)
+    assert snap.columns.cards.max() <= 2**31 - 1  # clipped into the int32 columns, card read as full

@@ -64,6 +64,10 @@ TIE_BREAK = (
     "equal card wins; gpuslice takes the lowest index, as HAMi's v2.10 documentation describes"
 )
 REFUSE_PCT = "gpuslice refuses a percentage outside 0..100 at parse time (InvalidRequest) instead"
+REFUSE_AMOUNT = (
+    "gpuslice refuses the pod at parse time (InvalidRequest naming gpumem) instead of reading the "
+    "container as asking for no GPU"
+)
 
 
 def pytest_param(case: Any) -> Any:
@@ -1343,12 +1347,16 @@ PARSE_CASES = [
         cr(1, 2000),
     ),
     ParseCase(
-        f"{_G}/byte-scale memory quantity that overflows int32 is rejected", {_GPU: "1", _MEM: "16Gi"}, None
+        f"{_G}/byte-scale memory quantity that overflows int32 is rejected",
+        {_GPU: "1", _MEM: "16Gi"},
+        REFUSED,
+        differs=REFUSE_AMOUNT + " (HAMi: no request)",
     ),
     ParseCase(
         f"{_G}/decimal-form memory request is rejected, not treated as zero",
         {_GPU: "1", _MEM: "16.0Gi"},
-        None,
+        REFUSED,
+        differs=REFUSE_AMOUNT + " (HAMi: no request)",
     ),
     *[
         ParseCase(
@@ -1373,8 +1381,9 @@ PARSE_CASES = [
     ParseCase(
         f"{DEVICE_TEST} TestGenerateResourceRequests_MemoryFactor/1Gi x 2 overflows",
         {_GPU: "1", _MEM: "1Gi"},
-        None,
+        REFUSED,
         config=model_config.RequestConfig(exclusive_whole_card=False, memory_factor=2),
+        differs=REFUSE_AMOUNT + " (HAMi: no request)",
     ),
     *[
         ParseCase(
