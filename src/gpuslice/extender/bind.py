@@ -455,7 +455,9 @@ class BindFlow:
         if reason is not None:
             # The node died (or stopped answering Allocate) while the bind queued for its lock.
             return Outcome("rejected", f"node {job.node}: {reason}")
-        verdict = self.cache.assume(job.key, job.uid, job.alloc, self.clock())
+        verdict = self.cache.assume(
+            job.key, job.uid, job.alloc, self.clock(), job.pod.job(self.policies.job_label)
+        )
         if verdict.ok:
             return None
         self.metrics.truth_corrections.inc()

@@ -906,3 +906,15 @@ def test_a_follower_closes_keep_alive_connections(ready: bool, closes: bool) -> 
             resp = client.post(path, json=body)
             assert resp.status_code == 200, path
             assert (resp.headers.get("connection") == "close") is closes, path
+
+
+def test_a_bound_pod_keeps_its_job_in_the_cache(cache: caches.ClusterCache, client: TestClient) -> None:
+    # The bind re-admits its reservation after the truth check; the job must survive that step
+    # (the balanced policy's task affinity reads it before the pod watch confirms the pod).
+    pod = fakes.gpu_pod("p", mem=1000)
+    pod["metadata"]["ownerReferences"] = [{"uid": "owner-1", "controller": True}]
+    assert (
+        client.post("/filter", content=json.dumps({"Pod": pod, "NodeNames": ["n-free"]})).status_code == 200
+    )
+    assert client.post("/bind", content=json.dumps(BIND_P)).json() == {"Error": ""}
+    assert {job: set(on) for job, on in cache.snapshot().jobs.items()} == {"owner:owner-1": {"n-free"}}
