@@ -13,14 +13,19 @@ mTLS one.
 Every body is checked before any decoder sees it: larger than ``body_limit_bytes`` is a 413, nested
 deeper than ``max_json_depth`` a 400 (``jsondepth``; msgspec recurses once per level, also over
 unknown fields and ``msgspec.Raw``, and would raise ``RecursionError`` on deep input). A
-``RecursionError`` from any handler is still answered 400, as a second line of defence.
+``RecursionError`` from any handler is still answered 400, as a second line of defence. Any other
+exception is a bug: answered 500 (``internal error: <type>``) with one error log line naming where.
+Neither answer keeps the exception: its traceback holds the handlers' frames, and with them the
+request's body, until the garbage collector's next full pass (which an idle server may never run).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import TypedDict, TypeVar
 
@@ -59,6 +64,14 @@ from gpuslice.model import requests, status
 from gpuslice.policy import registry
 
 JSON = "application/json"
+REQUEST_MEMO_ENTRIES, REQUEST_MEMO_BYTES = 4096, 8 << 20
+"""Parsed requests kept by pod UID (a pod is filtered, scored and bound within seconds)."""
+SPEC_MEMO_ENTRIES, SPEC_MEMO_BYTES = 256, 2 << 20
+"""Parsed requests kept by spec digest (one per workload template in flight)."""
+SCORE_MEMO_ENTRIES, SCORE_MEMO_BYTES = 1024, 32 << 20
+"""Filter results kept for prioritize (popped by it; pods kube-scheduler does not score stay)."""
+SEEN_MEMO_ENTRIES, SEEN_MEMO_BYTES = 20_000, 4 << 20
+"""UIDs of pods already counted in the learned workload."""
 NOT_SYNCED = "gpuslice cache not synced yet (first list or relist in progress); retry"
 T = TypeVar("T")
 Service = Callable[[], contextlib.AbstractAsyncContextManager[object]]
@@ -131,16 +144,18 @@ class _Requests:
     """Parsed pod requests by UID and resourceVersion: a pod is parsed once, not on every verb.
 
     Any change to a pod (annotations included) bumps its resourceVersion, so a hit is exact. Pods
-    of one workload share their spec, so the parse is also kept by the decoded parts it reads
-    (containers, init containers, and the annotations in ``objects.POD_ANNOTATIONS``: a large
-    unrelated annotation is neither encoded into the key nor kept in the memo) and only the
-    identity is filled in per pod.
+    of one workload share their spec, so the parse is also kept by a digest of the decoded parts
+    it reads (containers, init containers, and the annotations in ``objects.POD_ANNOTATIONS``),
+    and only the pod's own parts are filled in per pod: its identity, its controller owner and the
+    value of the job label. Whatever else the pod carries (other annotations and labels) is
+    neither kept nor encoded, and both memos have a byte budget (``memo.Memo``).
     """
 
     def __init__(self, config_: config.Settings) -> None:
         self._config = config_.request_config
-        self._memo = memo.Memo(4096)
-        self._by_spec = memo.Memo(256)
+        self._job_label = config_.job_label
+        self._memo = memo.Memo(REQUEST_MEMO_ENTRIES, REQUEST_MEMO_BYTES, _weigh_parsed)
+        self._by_spec = memo.Memo(SPEC_MEMO_ENTRIES, SPEC_MEMO_BYTES, _weigh_parsed)
 
     def cached(self, uid: str, resource_version: str) -> requests.PodRequest | str | None:
         """The parse result of this exact pod version, or None when it was not parsed yet."""
@@ -150,6 +165,11 @@ class _Requests:
             return parsed
         return None
 
+    def _labels(self, labels: Mapping[str, str] | None) -> dict[str, str]:
+        """The labels scheduling reads: the job label's, when configured and carried."""
+        value = labels.get(self._job_label) if labels and self._job_label else None
+        return {self._job_label: value} if value is not None else {}
+
     def parse(self, pod: wire.Pod) -> requests.PodRequest | str:
         """The pod's GPU request, or the reason it is invalid."""
         meta = pod.metadata
@@ -157,15 +177,17 @@ class _Requests:
         if hit is not None:
             return hit
         annotations = objects.gpu_annotations(meta.annotations)
-        spec_key = wire.ENCODER.encode((pod.spec.containers, pod.spec.init_containers, annotations))
+        spec = wire.ENCODER.encode((pod.spec.containers, pod.spec.init_containers, annotations))
+        spec_key = hashlib.blake2b(spec, digest_size=16).digest()
         template: requests.PodRequest | str | None = self._by_spec.get(spec_key)
         parsed: requests.PodRequest | str
+        labels = self._labels(meta.labels)
         if template is None:
-            if meta.annotations and len(annotations) != len(meta.annotations):
-                trimmed = msgspec.structs.replace(meta, annotations=annotations)
-                pod = msgspec.structs.replace(pod, metadata=trimmed)
+            kept = msgspec.structs.replace(
+                pod, metadata=msgspec.structs.replace(meta, annotations=annotations, labels=labels)
+            )
             try:
-                parsed = resources.parse_pod(pod.to_dict(), self._config)
+                parsed = resources.parse_pod(kept.to_dict(), self._config)
             except codec_errors.DecodeError as err:
                 parsed = str(err)
             self._by_spec.put(spec_key, parsed)
@@ -173,11 +195,26 @@ class _Requests:
             parsed = template
         else:
             parsed = msgspec.structs.replace(
-                template, namespace=meta.namespace or "default", name=meta.name, uid=meta.uid
+                template,
+                namespace=meta.namespace or "default",
+                name=meta.name,
+                uid=meta.uid,
+                owner=next((o.uid for o in meta.owner_references or () if o.controller is True), ""),
+                labels=tuple(labels.items()),
             )
         if meta.uid and meta.resource_version:
             self._memo.put(meta.uid, (meta.resource_version, parsed))
         return parsed
+
+
+def _weigh_parsed(value: object) -> int:
+    """Bytes a memo entry of ``_Requests`` holds: a request, a reason, or a (version, either) pair."""
+    if isinstance(value, tuple):
+        return len(value[0]) + _weigh_parsed(value[1])
+    if isinstance(value, str):
+        return len(value)
+    assert isinstance(value, requests.PodRequest)
+    return requests.footprint(value)
 
 
 class _Shapes:
@@ -307,10 +344,10 @@ class Handlers:
         self.log = deps.log
         self._depth = deps.settings.max_json_depth
         self._too_deep = f"JSON nested deeper than {self._depth} levels"
-        self._score_memo = memo.Memo(1024)  # uid -> scheduling.Filtered, for prioritize
+        self._score_memo = memo.Memo(SCORE_MEMO_ENTRIES, SCORE_MEMO_BYTES, scheduling.Filtered.weigh)
         self._workload = _Shapes(deps.cache, deps.settings.workload_period_s)
         self._parsed = _Requests(deps.settings)
-        self._seen = memo.Memo(20_000)  # pods already counted in the workload histogram
+        self._seen = memo.Memo(SEEN_MEMO_ENTRIES, SEEN_MEMO_BYTES)  # pods counted in the learned workload
         self._reason_counts: dict[str, Counter] = {}  # metric children resolved once per label value
         self._score_counts = _LazyChildren(self.m.scores)
 
@@ -329,6 +366,17 @@ class Handlers:
                 err = _bad(caught)
                 self.log.v(2, "bad request", verb=verb, status=err.status_code, err=str(err))
                 answer = (err.status_code, _TEXT, str(err).encode())
+                # The exception's traceback holds this frame, whose ``err`` holds the exception: a
+                # cycle that would keep the request's body (and every frame's locals) until the
+                # garbage collector's next full pass, which an idle server may never run.
+                del err
+            except Exception as exc:  # noqa: BLE001 - a bug: answered 500, logged, and nothing kept
+                frames = traceback.extract_tb(exc.__traceback__)
+                stack = " <- ".join(
+                    f"{f.name}@{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in reversed(frames)
+                )
+                self.log.error("internal error", verb=verb, err=repr(exc)[:500], stack=stack)
+                answer = (500, _TEXT, f"internal error: {type(exc).__name__}".encode())
             latency.observe(time.perf_counter() - start)
             child = counts.get(answer[0])
             if child is None:

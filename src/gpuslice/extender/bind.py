@@ -87,6 +87,10 @@ RESOLVE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)
 """Pauses between the resolver's attempts to finish an ambiguous bind (the last one repeats)."""
 LABEL_AFTER_S = 30.0
 """A pod we bound is labelled at the latest this long after its Binding (see ``_label_later``)."""
+PODS_MEMO = (20_000, 16 << 20)
+"""Entries and bytes of the filtered requests kept for their binds (``memo.Memo``)."""
+SMALL_MEMO = (20_000, 4 << 20)
+"""Entries and bytes of the per-pod scores, filter summaries and finished binds."""
 
 
 class Events(Protocol):
@@ -231,10 +235,10 @@ class BindFlow:
     monotonic: Callable[[], float] = time.monotonic
     on_bound: Callable[[requests.PodRequest, str, allocations.PodAllocation], None] | None = None
     """Told of every GPU pod this flow bound (pod, node, cards), after the fact (shadow mode)."""
-    _pods: memo.Memo = dataclasses.field(default_factory=memo.Memo)
-    _scores: memo.Memo = dataclasses.field(default_factory=memo.Memo)
-    _filters: memo.Memo = dataclasses.field(default_factory=memo.Memo)
-    _done: memo.Memo = dataclasses.field(default_factory=memo.Memo)
+    _pods: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*PODS_MEMO, requests.footprint))
+    _scores: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*SMALL_MEMO, memo.strings))
+    _filters: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*SMALL_MEMO, memo.strings))
+    _done: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*SMALL_MEMO, memo.strings))
     _queues: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
     _live: dict[str, str] = dataclasses.field(default_factory=dict)
     _resolvers: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)

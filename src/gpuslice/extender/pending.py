@@ -4,24 +4,25 @@ The filter notes every GPU pod it answers (``note``): a pod no node fits is kept
 parsed request, first-seen and last-seen times, the last ``3/5 nodes feasible, ...`` summary), a
 pod some node fits is dropped, and so is a pod whose bind is asked for (``drop``). ``pods()``
 lists what is still pending, oldest first, dropping the entries ``alive`` says are gone (the pod
-was deleted, bound by someone else, or recreated under another uid). At most ``limit`` pods are
-kept; the one noted longest ago is forgotten first.
+was deleted, bound by someone else, or recreated under another uid). At most ``limit`` pods and
+``budget`` bytes (``memo.Memo``) are kept; the one noted longest ago is forgotten first.
 
 Each entry holds what ``explain.explain`` needs: ``explain.explain(snap, entry.request, ...)``.
 """
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from collections.abc import Callable
 
 import msgspec
 
+from gpuslice.extender import memo
 from gpuslice.model import requests
 
 DEFAULT_LIMIT = 1000
+DEFAULT_BUDGET = 4 << 20
 
 
 class Pending(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +50,7 @@ class PendingPods:
 
     Args:
         limit: most pods kept.
+        budget: most bytes kept (their requests, keys and summaries).
         alive: ``(key, uid) -> bool``, False once the pod is deleted, bound or replaced (None:
             entries leave only through ``note`` and ``drop``).
         clock: seconds since the epoch.
@@ -59,12 +61,13 @@ class PendingPods:
         limit: int = DEFAULT_LIMIT,
         alive: Callable[[str, str], bool] | None = None,
         clock: Callable[[], float] = time.time,
+        budget: int = DEFAULT_BUDGET,
     ) -> None:
         self.limit = limit
         self.alive = alive
         self._clock = clock
         self._lock = threading.Lock()
-        self._by_uid: collections.OrderedDict[str, Pending] = collections.OrderedDict()
+        self._by_uid = memo.Memo(limit, budget, _weigh)
 
     def note(self, pod: requests.PodRequest, feasible: bool, summary: str) -> None:
         """Record one filter answer for a GPU pod: kept when nothing fits, dropped otherwise."""
@@ -75,17 +78,18 @@ class PendingPods:
             return
         now = self._clock()
         with self._lock:
-            old = self._by_uid.pop(pod.uid, None)
-            self._by_uid[pod.uid] = Pending(
-                uid=pod.uid,
-                key=f"{pod.namespace}/{pod.name}",
-                request=pod,
-                first_seen=now if old is None else old.first_seen,
-                last_seen=now,
-                summary=summary,
+            old: Pending | None = self._by_uid.get(pod.uid)
+            self._by_uid.put(
+                pod.uid,
+                Pending(
+                    uid=pod.uid,
+                    key=f"{pod.namespace}/{pod.name}",
+                    request=pod,
+                    first_seen=now if old is None else old.first_seen,
+                    last_seen=now,
+                    summary=summary,
+                ),
             )
-            while len(self._by_uid) > self.limit:
-                self._by_uid.popitem(last=False)
 
     def drop(self, uid: str) -> None:
         """Forget a pod (it fits, is being bound, or is gone)."""
@@ -112,3 +116,8 @@ class PendingPods:
     def __len__(self) -> int:
         with self._lock:
             return len(self._by_uid)
+
+
+def _weigh(entry: Pending) -> int:
+    """Bytes a pending entry holds: its request (shared with the request memo, counted anyway)."""
+    return requests.footprint(entry.request) + len(entry.key) + len(entry.summary)

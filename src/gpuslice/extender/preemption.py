@@ -173,7 +173,7 @@ class Preemption:
         self.budgets = budgets or self._budgets
         self.monotonic: Callable[[], float] = time.monotonic
         self._running: dict[str, asyncio.Task[None]] = {}
-        self._tried = memo.Memo(4096)  # uid -> monotonic time of the last attempt
+        self._tried = memo.Memo(4096, 2 << 20)  # uid -> monotonic time of the last attempt
 
     # ----- hooks from the handlers
 

@@ -21,6 +21,8 @@ PENDING_WINDOW_S = 600.0
 """Pods rejected longer ago than this no longer count as waiting."""
 PERIOD_S = 1.0
 """At most one touch per node and period."""
+WAITING_MEMO = (20_000, 4 << 20)
+"""Entries and bytes of the pods remembered as waiting (``memo.Memo``; UIDs and times)."""
 
 Touch = Callable[[str, Mapping[str, str]], Awaitable[None]]
 
@@ -42,7 +44,7 @@ class Nudger:
         self._clock = clock
         self._metrics = metrics_
         self._log = log
-        self._waiting = memo.Memo()
+        self._waiting = memo.Memo(*WAITING_MEMO)  # uid -> when our filter left it without a node
         self._last: dict[str, float] = {}
         self._pending: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()

@@ -479,6 +479,14 @@ class Filtered:
     scores: np.ndarray
     names_json: bytes = b""
 
+    def weigh(self) -> int:
+        """Bytes it holds for a memo's budget: its names (list, strings, JSON), scores and node map.
+
+        The node map is usually shared with the snapshot and other entries; it is counted anyway,
+        so entries that pin old snapshots stay within the budget too.
+        """
+        return 16 * len(self.nodes) + 58 * len(self.names) + 2 * len(self.names_json) + self.scores.nbytes
+
 
 def rescore(
     snap: view.Snapshot,

@@ -53,7 +53,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from gpuslice.cache import cache as caches
-from gpuslice.extender import config, scheduling, view
+from gpuslice.extender import config, memo, scheduling, view
 from gpuslice.extender import metrics as extender_metrics
 from gpuslice.model import allocations, nodes, requests
 from gpuslice.policy import batch, decisions, registry
@@ -66,6 +66,9 @@ PENDING = 256
 """Filtered pods (with a feasible node) whose snapshot is kept for their bind. A snapshot pins its
 node map and columns, so few are kept: a pod binds right after its filter; one whose entry was
 pushed out is recorded without shadow choices (``unevaluated``)."""
+PENDING_BYTES = 64 << 20
+"""The bytes those entries may pin: their candidate names, and each snapshot once (module
+``_Seen.weigh``)."""
 
 ENCODER = msgspec.json.Encoder()
 
@@ -141,6 +144,19 @@ class _Seen:
 
     snap: view.Snapshot
     names: tuple[str, ...]
+    pinned: int
+    """Bytes of ``snap`` this entry is charged with: its columns and node map when the entry put
+    before it held another snapshot, else 0 (filters in a row share one snapshot)."""
+
+    def weigh(self) -> int:
+        """Bytes for the memo's budget: the candidate names and the snapshot bytes charged here."""
+        return self.pinned + sum(58 + len(n) for n in self.names)
+
+
+def _snapshot_bytes(snap: view.Snapshot) -> int:
+    """What a snapshot pins: its packed columns and its node map."""
+    cols = snap.columns
+    return cols.cards.nbytes + cols.hot.nbytes + cols.nodes.nbytes + 16 * len(snap.nodes)
 
 
 class Shadow:
@@ -178,7 +194,8 @@ class Shadow:
         self._held = held
         self._clock = clock
         self._file: IO[bytes] | None = Path(record).open("ab") if record else None  # noqa: SIM115 - kept open
-        self._seen: collections.OrderedDict[str, _Seen] = collections.OrderedDict()
+        self._seen = memo.Memo(PENDING, PENDING_BYTES, _Seen.weigh)
+        self._last_snap: view.Snapshot | None = None
         self._start: decisions.Start | None = None
         self._known: frozenset[str] = frozenset()
         self._workload: registry.Workload | None = None
@@ -205,11 +222,9 @@ class Shadow:
         if not pod.uid:
             return
         kept = tuple(n for n in names if n not in excluded) if excluded else tuple(names)
-        seen = self._seen
-        seen[pod.uid] = _Seen(snap, kept)
-        seen.move_to_end(pod.uid)
-        if len(seen) > PENDING:
-            seen.popitem(last=False)
+        pinned = 0 if snap is self._last_snap else _snapshot_bytes(snap)
+        self._last_snap = snap
+        self._seen.put(pod.uid, _Seen(snap, kept, pinned))
 
     def bound(self, pod: requests.PodRequest, node: str, alloc: allocations.PodAllocation) -> None:
         """The live bind of ``pod`` to ``node`` completed: decide the shadows once the answer is out."""

@@ -6,21 +6,37 @@ Inside ``Pod`` the keys are ordinary API camelCase and only the fields gpuslice 
 (unknown fields are ignored: Kubernetes adds fields). There is one typed ``Decoder`` per endpoint.
 
 Scores are converted from the policies' 0..100 to the extender's 0..10 here and nowhere else.
+
+Names are bounded as Kubernetes bounds them (``gpuslice.model.limits``): a node or pod name of
+more than 253 characters, a namespace of more than 63, a UID or resourceVersion of more than 253 is
+not a Kubernetes object's, and the decoder refuses it (a 400 naming the field), so nothing the
+extender keeps between calls is keyed by an unbounded string.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
 
+from gpuslice.model import limits
 from gpuslice.policy import registry
 
 MAX_EXTENDER_PRIORITY = 10
 """kube-scheduler's ``MaxExtenderPriority``; it multiplies our score by ``weight x 10``."""
+
+
+NodeName = Annotated[str, msgspec.Meta(max_length=limits.MAX_NAME)]
+"""A node name (a DNS subdomain, at most 253 characters)."""
+PodName = Annotated[str, msgspec.Meta(max_length=limits.MAX_NAME)]
+"""A pod name (a DNS subdomain, at most 253 characters)."""
+Namespace = Annotated[str, msgspec.Meta(max_length=limits.MAX_NAMESPACE)]
+"""A namespace (a DNS label, at most 63 characters)."""
+Uid = Annotated[str, msgspec.Meta(max_length=limits.MAX_UID)]
+"""A UID or resourceVersion (the API server writes 36 and at most 20 characters)."""
 
 
 class ResourceRequirements(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -52,17 +68,17 @@ class PodSpec(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
 class OwnerReference(msgspec.Struct, frozen=True, omit_defaults=True):
     """An owner of the pod: its UID and whether it is the controller (the pod's job by default)."""
 
-    uid: str = ""
+    uid: Uid = ""
     controller: bool | None = None
 
 
 class ObjectMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     """The parts of ``metadata`` the extender reads."""
 
-    name: str = ""
-    namespace: str = "default"
-    uid: str = ""
-    resource_version: str = msgspec.field(default="", name="resourceVersion")
+    name: PodName = ""
+    namespace: Namespace = "default"
+    uid: Uid = ""
+    resource_version: Uid = msgspec.field(default="", name="resourceVersion")
     annotations: dict[str, str] | None = None
     labels: dict[str, str] | None = None
     owner_references: list[OwnerReference] | None = msgspec.field(default=None, name="ownerReferences")
@@ -89,8 +105,8 @@ class Pod(msgspec.Struct, frozen=True, omit_defaults=True):
 class PodKeyMeta(msgspec.Struct, frozen=True):
     """Only ``metadata.uid`` and ``metadata.resourceVersion`` (the prioritize memo's key)."""
 
-    uid: str = ""
-    resource_version: str = msgspec.field(default="", name="resourceVersion")
+    uid: Uid = ""
+    resource_version: Uid = msgspec.field(default="", name="resourceVersion")
 
 
 class PodKey(msgspec.Struct, frozen=True):
@@ -114,7 +130,7 @@ class ExtenderArgs(msgspec.Struct, frozen=True, rename="pascal"):
     """The body of ``filter`` and ``prioritize`` (``Nodes`` is unused: nodeCacheCapable)."""
 
     pod: Pod
-    node_names: list[str] | None = None
+    node_names: list[NodeName] | None = None
 
 
 class ExtenderFilterResult(msgspec.Struct, rename="pascal"):
@@ -136,10 +152,10 @@ class HostPriority(msgspec.Struct, rename="pascal"):
 class ExtenderBindingArgs(msgspec.Struct, frozen=True, rename="pascal"):
     """The body of ``bind``."""
 
-    pod_name: str
-    pod_namespace: str
-    pod_uid: str = msgspec.field(name="PodUID")
-    node: str = ""
+    pod_name: PodName
+    pod_namespace: Namespace
+    pod_uid: Uid = msgspec.field(name="PodUID")
+    node: NodeName = ""
 
 
 class ExtenderBindingResult(msgspec.Struct, rename="pascal"):
@@ -151,7 +167,7 @@ class ExtenderBindingResult(msgspec.Struct, rename="pascal"):
 class MetaPod(msgspec.Struct, frozen=True):
     """A victim, by UID."""
 
-    uid: str = msgspec.field(name="UID")
+    uid: Uid = msgspec.field(name="UID")
 
 
 class MetaVictims(msgspec.Struct, rename="pascal"):
@@ -165,7 +181,7 @@ class ExtenderPreemptionArgs(msgspec.Struct, frozen=True, rename="pascal"):
     """The body of ``preempt`` (nodeCacheCapable: victims by UID)."""
 
     pod: Pod
-    node_name_to_meta_victims: dict[str, MetaVictims] | None = None
+    node_name_to_meta_victims: dict[NodeName, MetaVictims] | None = None
 
 
 class ExtenderPreemptionResult(msgspec.Struct, rename="pascal"):
@@ -177,7 +193,7 @@ class ExtenderPreemptionResult(msgspec.Struct, rename="pascal"):
 FILTER_DECODER = msgspec.json.Decoder(ExtenderArgs)
 PRIORITIZE_DECODER = FILTER_DECODER
 PRIORITIZE_KEY_DECODER = msgspec.json.Decoder(ExtenderArgsKey)
-NAMES_DECODER = msgspec.json.Decoder(list[str] | None)
+NAMES_DECODER = msgspec.json.Decoder(list[NodeName] | None)
 BIND_DECODER = msgspec.json.Decoder(ExtenderBindingArgs)
 PREEMPT_DECODER = msgspec.json.Decoder(ExtenderPreemptionArgs)
 ENCODER = msgspec.json.Encoder()
@@ -195,7 +211,10 @@ def to_extender_score(score: int) -> int:
 _TABLE_NP = np.array([to_extender_score(s) for s in range(registry.MAX_SCORE + 1)], np.int64)
 _SCORE_TAILS = tuple(f"{v}}},".encode() for v in range(MAX_EXTENDER_PRIORITY + 1))
 _HOST_HEADS: dict[str, bytes] = {}
-_HOST_HEADS_MAX = 1 << 16
+_HOST_HEADS_BUDGET = 8 << 20
+"""Bytes the per-host heads may hold: each entry costs about its name twice plus 160 bytes, so
+8 MiB holds 15 000 nodes of 253-character names (Kubernetes' largest cluster size and names)."""
+_host_heads_bytes = 0
 
 
 def extender_scores(scores: np.ndarray) -> np.ndarray:
@@ -205,18 +224,37 @@ def extender_scores(scores: np.ndarray) -> np.ndarray:
 
 
 def _heads(names: Sequence[str]) -> Sequence[bytes]:
-    """``{"Host":"<name>","Score":`` for each name, from a cache (node names repeat every request)."""
+    """``{"Host":"<name>","Score":`` for each name, from a cache (node names repeat every request).
+
+    The cache has a byte budget (``_HOST_HEADS_BUDGET``); names are at most 253 characters (the
+    decoders refuse longer ones), so each entry is small and the budget holds every node of a
+    cluster.
+    """
+    global _host_heads_bytes
     heads = _HOST_HEADS
     try:
         found: Sequence[bytes] = operator.itemgetter(*names)(heads)
     except KeyError:
-        if len(heads) + len(names) > _HOST_HEADS_MAX:
-            heads.clear()
-        for name in names:
-            if name not in heads:
-                heads[name] = b'{"Host":' + ENCODER.encode(name) + b',"Score":'
+        added = {
+            name: b'{"Host":' + ENCODER.encode(name) + b',"Score":' for name in names if name not in heads
+        }
+        cost = sum(_head_cost(name, head) for name, head in added.items())
+        if _host_heads_bytes + cost > _HOST_HEADS_BUDGET:
+            heads.clear()  # names that stop repeating (nodes gone) leave with everything else
+            _host_heads_bytes = 0
+            if cost > _HOST_HEADS_BUDGET:  # more names than the budget holds: heads made for this call
+                return [b'{"Host":' + ENCODER.encode(name) + b',"Score":' for name in names]
+            added = {name: b'{"Host":' + ENCODER.encode(name) + b',"Score":' for name in names}
+            cost = sum(_head_cost(name, head) for name, head in added.items())
+        heads.update(added)
+        _host_heads_bytes += cost
         found = operator.itemgetter(*names)(heads)
     return found
+
+
+def _head_cost(name: str, head: bytes) -> int:
+    """Bytes one cached head holds: the name and head objects and the dict slot."""
+    return 160 + len(name) + len(head)
 
 
 def encode_priorities(names: Sequence[str], wire_scores: np.ndarray) -> bytes:

@@ -174,6 +174,9 @@ class Recorder:
     def emit(self, ref: Ref, type_: str, reason: str, action: str, note: str) -> None:
         """Queue an event about ``ref`` (never blocks; drops when the queue is full)."""
         when = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+        # Cut to what the Event can carry before it keys the queue and the de-duplication map:
+        # a note built from a request's value must not be kept whole.
+        reason, action, note = reason[:MAX_REASON], action[:MAX_REASON], note[:MAX_NOTE]
         key = dedup_key(ref, type_, reason, action, note)
         queued = self._queued.get(key)
         if queued is not None:

@@ -182,3 +182,19 @@ def job_key(owner: str, label_value: str | None) -> str:
     if label_value:
         return f"label:{label_value}"
     return f"owner:{owner}" if owner else ""
+
+
+def footprint(pod: PodRequest) -> int:
+    """Bytes a parsed request holds, roughly: its fixed parts, its strings and its containers.
+
+    For the byte budgets of the memos that keep requests between calls (an estimate that grows
+    with everything a request can carry, not an exact count).
+    """
+    sel = pod.selectors
+    size = 600 + len(pod.namespace) + len(pod.name) + len(pod.uid) + len(pod.owner)
+    size += 80 * len(pod.containers) + 8 * len(pod.sidecars)
+    size += len(pod.node_policy or "") + len(pod.card_policy or "") + len(sel.mode or "")
+    for group in (sel.use_types, sel.nouse_types, sel.use_uuids, sel.nouse_uuids):
+        size += sum(56 + len(item) for item in group)
+    size += sum(120 + len(k) + len(v) for k, v in pod.labels)
+    return size
