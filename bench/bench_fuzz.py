@@ -6,13 +6,19 @@
     richer pod (env, volumes, probes, affinity: over 64 brackets, exact scan) and the same with a
     ``last-applied-configuration`` annotation (JSON inside a string, escapes). No server.
 (b) fuzz: on a fresh local control plane with two fake GPU nodes, one ``gpuslice serve`` with its
-    default timeouts (header 10 s, body 10 s), ``--leader-elect none``:
+    default timeouts (header 10 s, body 10 s), ``--leader-elect none`` and an FGD-style node policy
+    whose learned workload is trusted from the first request and handed each shape at once (so a
+    hostile pod reaching the workload would reach every later decision):
     - RSS of the extender before and after 300 pods that each carry a 200 KB unrelated annotation
       are created (after the watch delivered them, and after a relist: ``--resync-period-s 20``);
-    - 10 000 fuzzed malformed requests (``devcluster.hostile.probes``) over the five verbs: the
+    - 10 000 fuzzed requests (``devcluster.hostile.probes``) over the five verbs, malformed ones and
+      valid ones with hostile values (absurd amounts, over-long names, 256 KB of annotations): the
       count of each status code (goal: no 5xx);
     - 200 slow connections that never finish their headers or body: how many are still open
-      after 30 s (goal: 0), while normal /filter calls go on.
+      after 30 s (goal: 0), while normal /filter calls go on;
+    - request memory, each case on a fresh extender (``hostile.MEMORY_CASES``): RSS growth over 200
+      filter calls for pods carrying 256 KB of unrelated annotations, over 10 000 distinct
+      over-long node names and over 10 000 distinct names of 253 characters (goal: under 30 MiB).
     ``--untrimmed`` runs the same extender with the pod store keeping every annotation (for the
     RSS comparison only: ``kinds.PODS`` is replaced through a ``sitecustomize`` in the child).
 
@@ -128,17 +134,7 @@ def _big_pod(ns: str, i: int, size: int) -> dict[str, Any]:
     }
 
 
-def _settled_rss(pid: int, seconds: float = 20.0) -> float:
-    """RSS once it stops moving (under 1 MiB over 2 s), or after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    last = hostile.rss_mb(pid)
-    while time.monotonic() < deadline:
-        time.sleep(2.0)
-        now = hostile.rss_mb(pid)
-        if abs(now - last) < 1.0:
-            return now
-        last = now
-    return last
+FGD_ARGS = ["--node-policy", "fgd-lookahead", "--workload-min-count", "1", "--workload-period-s", "0"]
 
 
 def fuzz(requests: int, slow: int, pods: int, annotation_kb: int, untrimmed: bool) -> dict[str, Any]:
@@ -155,7 +151,7 @@ def fuzz(requests: int, slow: int, pods: int, annotation_kb: int, untrimmed: boo
         sim = devcluster.NodeSimThread(
             cp.kubeconfig, {n: {"count": 4, "numa_nodes": 2} for n in NODES}
         ).start()
-        args = ["--leader-elect", "none", "--resync-period-s", "20", "-v", "0"]
+        args = ["--leader-elect", "none", "--resync-period-s", "20", *FGD_ARGS, "-v", "0"]
         ext = devcluster.Extender(
             cp.kubeconfig, cp.workdir / "gpuslice.log", extra_args=args, env=env
         ).start()
@@ -163,7 +159,7 @@ def fuzz(requests: int, slow: int, pods: int, annotation_kb: int, untrimmed: boo
         results: dict[str, Any] = {"pod_store": "untrimmed (every annotation)" if untrimmed else "trimmed"}
 
         # RSS with large annotations
-        rss: dict[str, float] = {"before": _settled_rss(ext.pid)}
+        rss: dict[str, float] = {"before": hostile.settled_rss(ext.pid)}
         ns = "big"
         status, body = cp.api_request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
         assert status == 201, body
@@ -178,9 +174,9 @@ def fuzz(requests: int, slow: int, pods: int, annotation_kb: int, untrimmed: boo
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(create, range(pods)))
         created_s = time.monotonic() - t0
-        rss["after_watch"] = _settled_rss(ext.pid)
+        rss["after_watch"] = hostile.settled_rss(ext.pid)
         time.sleep(22.0)  # a relist (resync 20 s) lists every big pod again in one page
-        rss["after_relist"] = _settled_rss(ext.pid)
+        rss["after_relist"] = hostile.settled_rss(ext.pid)
         results["rss_mb"] = {k: round(v, 1) for k, v in rss.items()}
         results["big_pods"] = {"pods": pods, "annotation_kb": annotation_kb, "create_s": round(created_s, 1)}
         results["rss_growth_mb"] = round(rss["after_relist"] - rss["before"], 1)
@@ -190,6 +186,7 @@ def fuzz(requests: int, slow: int, pods: int, annotation_kb: int, untrimmed: boo
         if slow:
             results["slow_connections"] = _slow(ext.port, slow)
         results["rss_mb"]["end"] = round(hostile.rss_mb(ext.pid), 1)
+        results["request_memory"] = {case: _request_memory(cp, case) for case in hostile.MEMORY_CASES}
         results["alive_at_end"] = ext.running()
         results["log_tracebacks"] = ext.log_path.read_text(errors="replace").count("Traceback")
         results["load_average_1m"] = round(os.getloadavg()[0], 2)
@@ -202,6 +199,37 @@ def fuzz(requests: int, slow: int, pods: int, annotation_kb: int, untrimmed: boo
             sim.stop()
         cp.stop()
         site.cleanup()
+
+
+def _request_memory(cp: ControlPlane, case: str) -> dict[str, Any]:
+    """RSS of a fresh extender before and after 200 requests of one ``hostile.MEMORY_CASES`` case."""
+    args = ["--leader-elect", "none", *FGD_ARGS, "-v", "0"]
+    ext = devcluster.Extender(
+        cp.kubeconfig, cp.workdir / f"memory-{case.replace(' ', '-')}.log", extra_args=args
+    )
+    ext.start()
+    try:
+        assert ext.pid is not None
+        rng = random.Random(7)
+        for _ in range(20):  # warm up
+            hostile.send("127.0.0.1", ext.port, hostile.probe("valid", "/filter", rng, list(NODES), 0).raw)
+        before = hostile.settled_rss(ext.pid)
+        statuses: collections.Counter[int] = collections.Counter()
+        for i in range(200):
+            verb, body, _ = hostile.memory_probe(case, i, rng, list(NODES))
+            statuses[
+                hostile.send("127.0.0.1", ext.port, hostile.request(verb, json.dumps(body).encode()))
+            ] += 1
+        after = hostile.settled_rss(ext.pid)
+        return {
+            "requests": 200,
+            "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "rss_before_mb": round(before, 1),
+            "rss_after_mb": round(after, 1),
+            "growth_mb": round(after - before, 1),
+        }
+    finally:
+        ext.stop()
 
 
 def _fuzz(ext: devcluster.Extender, requests: int) -> dict[str, Any]:

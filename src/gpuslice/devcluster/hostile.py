@@ -6,7 +6,11 @@ The chaos tier (``tests/chaos/test_hostile_http.py``) and ``bench/bench_fuzz.py`
   five verbs: JSON nested thousands of levels deep (bare, in known fields, in unknown fields of
   otherwise valid bodies), truncated JSON, wrong types, huge numbers, invalid UTF-8, a wrong or
   malformed ``Content-Length``, empty bodies, bodies over the limit, random bytes as the body or
-  as the whole request, and some well-formed requests. ``fuzz`` sends them from a thread pool,
+  as the whole request, and some well-formed requests. Besides malformed input, syntactically
+  valid requests with hostile values: pods asking absurd amounts (``cpu: 1e30``, 2**31 MiB per
+  card, negative or fractional counts), names longer than Kubernetes allows (16 KB node names,
+  over-long UIDs, namespaces and bind targets), and pods carrying 256 KB of unrelated annotations
+  or thousands of labels (what a server must not keep). ``fuzz`` sends them from a thread pool,
   one connection each (``Connection: close``), and counts the answers by status; 0 counts a
   connection closed without an answer (what a server does with some garbage).
 * ``SlowClients``: connections that never finish their request (nothing sent, half a request
@@ -51,6 +55,9 @@ KINDS = (
     "random-body",
     "random-request",
     "bad-chunked",
+    "absurd-value",
+    "long-name",
+    "big-metadata",
     "valid",
 )
 """Probe kinds, in the order ``probes`` draws them from (see the module docstring)."""
@@ -161,7 +168,8 @@ def _unknown(verb: str) -> list[tuple[str | int, ...]]:
     ]
 
 
-def _request(verb: str, body: bytes, length: bytes | None = None, extra: bytes = b"") -> bytes:
+def request(verb: str, body: bytes, length: bytes | None = None, extra: bytes = b"") -> bytes:
+    """One raw POST of ``body`` to ``verb`` (``length``: a Content-Length other than the body's)."""
     declared = str(len(body)).encode() if length is None else length
     head = b"POST " + verb.encode() + b" HTTP/1.1\r\nHost: gpuslice\r\nContent-Type: application/json\r\n"
     return head + b"Content-Length: " + declared + b"\r\nConnection: close\r\n" + extra + b"\r\n" + body
@@ -186,47 +194,110 @@ def _huge_number(rng: random.Random) -> bytes:
     )
 
 
+ABSURD_AMOUNTS = {
+    "cpu": ["1e30", "-1", "9" * 30, "2Ei"],
+    "memory": ["1e40", "-1Gi", "8Ei"],
+    "nvidia.com/gpu": ["2147483647", "-1", "500m", "1025", "1e12"],
+    "nvidia.com/gpumem": ["2147483648", "16Gi", "-5", "1e30"],
+    "nvidia.com/gpucores": ["99999999999", "-1", "1e18"],
+    "nvidia.com/gpumem-percentage": ["4294967346", "-1", "1e9"],
+}
+"""Valid quantities no node could satisfy (or HAMi's parser would drop), per resource."""
+
+
+def _absurd(body: dict[str, Any], verb: str, rng: random.Random) -> dict[str, Any]:
+    """``body`` with absurd amounts in its pod's limits, requests or an init container."""
+    if verb == "/bind":
+        return {**body, "Node": "n" * rng.choice([254, 4096]), "PodUID": "u" * rng.choice([36, 300])}
+    pod = body["Pod"]
+    container = pod["spec"]["containers"][0]
+    if rng.random() < 0.3:
+        container = {"name": "init", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        pod["spec"]["initContainers"] = [container]
+    part = "requests" if rng.random() < 0.3 else "limits"
+    amounts = container["resources"].setdefault(part, {})
+    for name in rng.sample(sorted(ABSURD_AMOUNTS), rng.randint(1, 3)):
+        amounts[name] = rng.choice(ABSURD_AMOUNTS[name])
+    return body
+
+
+def _long_name(body: dict[str, Any], verb: str, rng: random.Random, nodes: list[str]) -> dict[str, Any]:
+    """``body`` with a name, UID or namespace longer than Kubernetes allows."""
+    long = f"{rng.randrange(10**9)}-" + "x" * rng.choice([254, 1000, 16_000])
+    if verb == "/bind":
+        field = rng.choice(["Node", "PodName", "PodUID", "PodNamespace"])
+        return {**body, field: long}
+    where = rng.choice(["names", "uid", "namespace", "name", "owner"])
+    meta = body["Pod"]["metadata"]
+    if where == "names":
+        names = [f"{i}-{long}" for i in range(rng.randint(1, 50))] + list(nodes)
+        if verb == "/preempt":
+            body["NodeNameToMetaVictims"] = {
+                n: {"Pods": [{"UID": "v"}], "NumPDBViolations": 0} for n in names
+            }
+        else:
+            body["NodeNames"] = names
+    elif where == "owner":
+        meta["ownerReferences"] = [{"uid": long, "controller": True}]
+    else:
+        meta[where] = long
+    return body
+
+
+def _big_metadata(body: dict[str, Any], verb: str, rng: random.Random) -> dict[str, Any]:
+    """``body`` whose pod carries 256 KB of unrelated annotations or thousands of labels."""
+    if verb == "/bind":
+        return body
+    meta = body["Pod"]["metadata"]
+    tag = rng.randrange(10**9)
+    if rng.random() < 0.5:
+        meta["annotations"][f"example.com/blob-{tag}"] = "a" * (256 * 1024 - 64)
+    else:
+        meta["labels"] = {f"example.com/l{j}": f"{tag}-{j}" for j in range(4096)}
+    return body
+
+
 def probe(kind: str, verb: str, rng: random.Random, nodes: list[str], body_limit: int) -> Probe:
     """One request of ``kind`` for ``verb``."""
     body = valid_body(verb, rng, nodes)
     data = json.dumps(body).encode()
     raw: bytes
     if kind == "deep":
-        raw = _request(verb, nested(rng.randint(65, 20_000), rng))
+        raw = request(verb, nested(rng.randint(65, 20_000), rng))
     elif kind == "deep-unknown":
-        raw = _request(verb, _with(body, rng.choice(_unknown(verb)), nested(rng.randint(60, 20_000), rng)))
+        raw = request(verb, _with(body, rng.choice(_unknown(verb)), nested(rng.randint(60, 20_000), rng)))
     elif kind == "deep-known":
-        raw = _request(verb, _with(body, rng.choice(_fields(verb)), nested(rng.randint(1, 20_000), rng)))
+        raw = request(verb, _with(body, rng.choice(_fields(verb)), nested(rng.randint(1, 20_000), rng)))
     elif kind == "shallow-unknown":
-        raw = _request(verb, _with(body, rng.choice(_unknown(verb)), nested(rng.randint(1, 50), rng)))
+        raw = request(verb, _with(body, rng.choice(_unknown(verb)), nested(rng.randint(1, 50), rng)))
     elif kind == "truncated":
-        raw = _request(verb, data[: rng.randrange(len(data))])
+        raw = request(verb, data[: rng.randrange(len(data))])
     elif kind == "wrong-type":
-        raw = _request(verb, _with(body, rng.choice(_fields(verb)), _wrong_value(rng)))
+        raw = request(verb, _with(body, rng.choice(_fields(verb)), _wrong_value(rng)))
     elif kind == "huge-number":
         path = rng.choice([*_fields(verb), *_unknown(verb)])
         if verb == "/preempt" and rng.random() < 0.5:
             path = ("NodeNameToMetaVictims", nodes[0], "NumPDBViolations")
-        raw = _request(verb, _with(body, path, _huge_number(rng)))
+        raw = request(verb, _with(body, path, _huge_number(rng)))
     elif kind == "invalid-utf8":
         bad = rng.choice([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80", b"\x00", b"\x1f"])
         at = data.index(b'"', rng.randrange(len(data) // 2)) + 1
-        raw = _request(verb, data[:at] + bad + data[at:])
+        raw = request(verb, data[:at] + bad + data[at:])
     elif kind == "short-length":  # the rest of the body is read as the next (garbage) request
-        raw = _request(verb, data, length=str(rng.randrange(len(data))).encode())
+        raw = request(verb, data, length=str(rng.randrange(len(data))).encode())
     elif kind == "long-length":  # the server waits for bytes that never come: its body timeout
-        raw = _request(verb, data, length=str(len(data) + rng.randint(1, 1000)).encode())
+        raw = request(verb, data, length=str(len(data) + rng.randint(1, 1000)).encode())
     elif kind == "bad-length":
         length = rng.choice([b"abc", b"-1", b"1e3", b"0x10", b"", b"99999999999999999999999", b"5, 6"])
-        raw = _request(verb, data, length=length)
+        raw = request(verb, data, length=length)
     elif kind == "empty":
-        raw = _request(verb, b"")
+        raw = request(verb, b"")
     elif kind == "no-body":
         raw = b"POST " + verb.encode() + b" HTTP/1.1\r\nHost: gpuslice\r\nConnection: close\r\n\r\n"
     elif kind == "oversized":
-        raw = _request(verb, b'{"Pad":"' + b"x" * body_limit + b'"}')
+        raw = request(verb, b'{"Pad":"' + b"x" * body_limit + b'"}')
     elif kind == "random-body":
-        raw = _request(verb, rng.randbytes(rng.randint(1, 4096)))
+        raw = request(verb, rng.randbytes(rng.randint(1, 4096)))
     elif kind == "random-request":
         raw = rng.randbytes(rng.randint(1, 2048)) + b"\r\n\r\n"
     elif kind == "bad-chunked":
@@ -235,8 +306,14 @@ def probe(kind: str, verb: str, rng: random.Random, nodes: list[str], body_limit
         )
         head = b"POST " + verb.encode() + b" HTTP/1.1\r\nHost: gpuslice\r\nTransfer-Encoding: chunked\r\n"
         raw = head + b"Connection: close\r\n\r\n" + chunks
+    elif kind == "absurd-value":
+        raw = request(verb, json.dumps(_absurd(body, verb, rng)).encode())
+    elif kind == "long-name":
+        raw = request(verb, json.dumps(_long_name(body, verb, rng, nodes)).encode())
+    elif kind == "big-metadata":
+        raw = request(verb, json.dumps(_big_metadata(body, verb, rng)).encode())
     elif kind == "valid":
-        raw = _request(verb, data)
+        raw = request(verb, data)
     else:
         raise ValueError(f"unknown probe kind {kind!r}")
     return Probe(kind, verb, raw)
@@ -411,6 +488,47 @@ class SlowClients:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+MEMORY_CASES = ("annotations", "over-long names", "names at the limit")
+"""What a memory probe sends (``memory_probe``): pods carrying 256 KB of unrelated annotations
+(filter), 50 distinct 16 KB node names (prioritize, refused), 50 distinct names of 253 characters
+(prioritize, answered)."""
+
+
+def memory_probe(case: str, i: int, rng: random.Random, nodes: list[str]) -> tuple[str, dict[str, Any], int]:
+    """The ``i``-th request of a ``MEMORY_CASES`` case: its verb, body and the status it must get.
+
+    Every request names new things (a new pod UID, new node names), as a stream of pods that were
+    never created in the API would, so nothing a server keeps per pod or per name is reused.
+    """
+    if case == "annotations":
+        body = valid_body("/filter", rng, nodes)
+        meta = body["Pod"]["metadata"]
+        meta["uid"] = f"memory-{i}"
+        meta["annotations"]["example.com/blob"] = f"{i}" + "a" * (256 * 1024)
+        return "/filter", body, 200
+    pod = valid_body("/prioritize", rng, nodes)["Pod"]
+    if case == "over-long names":
+        names = [f"{i:05d}-{j:02d}-" + "x" * 16_000 for j in range(50)]
+        return "/prioritize", {"Pod": pod, "NodeNames": names}, 400
+    if case == "names at the limit":
+        names = [f"{i:05d}-{j:02d}-".ljust(253, "x") for j in range(50)]
+        return "/prioritize", {"Pod": pod, "NodeNames": names}, 200
+    raise ValueError(f"unknown memory case {case!r}")
+
+
+def settled_rss(pid: int, seconds: float = 20.0, still_mb: float = 1.0) -> float:
+    """A resident set (MiB) once it stops moving (under ``still_mb`` over 1 s), or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    last = rss_mb(pid)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = rss_mb(pid)
+        if abs(now - last) < still_mb:
+            return now
+        last = now
+    return last
 
 
 def rss_mb(pid: int) -> float:
