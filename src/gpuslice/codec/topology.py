@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from gpuslice.codec import errors, keys
-from gpuslice.model import topology
+from gpuslice.model import limits, topology
 
 VERSION = 1
 
@@ -70,7 +70,8 @@ def decode_pair_scores(value: str) -> dict[str, dict[str, int]]:
     """HAMi's pair scores by UUID, in annotation order (the first entry of a UUID wins, as in HAMi).
 
     Raises:
-        DecodeError: not a JSON array of ``{"uuid", "score"}`` objects with integer scores.
+        DecodeError: not a JSON array of ``{"uuid", "score"}`` objects with integer scores, or a
+            score above ``limits.MAX_PAIR_SCORE`` (more NVLinks than a card has).
     """
     try:
         wire = _PAIR_DECODER.decode(value)
@@ -78,7 +79,13 @@ def decode_pair_scores(value: str) -> dict[str, dict[str, int]]:
         raise errors.DecodeError(keys.NODE_PAIR_SCORE, "json", f"invalid pair scores: {exc}") from None
     out: dict[str, dict[str, int]] = {}
     for entry in wire:
-        out.setdefault(entry.uuid, dict(entry.score or {}))
+        scores = dict(entry.score or {})
+        high = max(scores.values(), default=0)
+        if high > limits.MAX_PAIR_SCORE:
+            raise errors.DecodeError(
+                keys.NODE_PAIR_SCORE, entry.uuid, f"pair score {high} above {limits.MAX_PAIR_SCORE}"
+            )
+        out.setdefault(entry.uuid, scores)
     return out
 
 
@@ -177,8 +184,8 @@ def decode_topology(value: str) -> TopologyAnnotation:
 
     Raises:
         DecodeError: malformed JSON, another version, non-square matrices, unknown PCIe levels,
-            negative link counts, P2P entries other than 0/1, duplicate UUIDs, a bandwidth
-            matrix that is not square or holds negative or non-finite values.
+            link counts outside 0..``limits.MAX_NVLINKS``, P2P entries other than 0/1, duplicate
+            UUIDs, a bandwidth matrix that is not square or holds negative or non-finite values.
     """
     try:
         wire = _TOPOLOGY_DECODER.decode(value)
@@ -191,8 +198,8 @@ def decode_topology(value: str) -> TopologyAnnotation:
         raise _fail("uuids", "duplicate card UUIDs")
     for name, matrix in (("nvlink", wire.nvlink), ("pcie", wire.pcie), ("p2p", wire.p2p)):
         _square(name, matrix, n)
-    if any(x < 0 for row in wire.nvlink for x in row):
-        raise _fail("nvlink", "negative NVLink count")
+    if any(not 0 <= x <= limits.MAX_NVLINKS for row in wire.nvlink for x in row):
+        raise _fail("nvlink", f"NVLink counts must be in 0..{limits.MAX_NVLINKS}")
     if any(x not in (0, 1) for row in wire.p2p for x in row):
         raise _fail("p2p", "p2p entries must be 0 or 1")
     valid = {int(level) for level in topology.PcieLevel}

@@ -29,6 +29,12 @@ MAX_CARDS = 1024
 MAX_CARD_MEMORY_MIB = INT32_MAX
 """Memory of one card in MiB, registered or asked for (HAMi's int32 ``devmem``; 2 PiB)."""
 
+MAX_NVLINKS = 64
+"""NVLink links between two cards (NVLink 5 gives a B200 18 in all)."""
+
+MAX_PAIR_SCORE = 100 * MAX_NVLINKS + 99
+"""A HAMi pair score (``hami.io/node-nvidia-score``: 100 per NVLink link plus a PCIe level's score)."""
+
 MAX_CARD_CORES = INT32_MAX
 """Cores (percent of a card's SMs) registered or asked for per card (HAMi's int32 ``devcore``)."""
 

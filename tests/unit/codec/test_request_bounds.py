@@ -7,6 +7,7 @@ either refuses it or returns a request whose every number lies within the bounds
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuslice.cache import shapes
-from gpuslice.codec import errors, keys, node_inventory, registrations, resources
+from gpuslice.codec import errors, keys, node_inventory, registrations, resources, topology
 from gpuslice.model import config, devices, limits, requests
 from gpuslice.policy import shares
 
@@ -211,3 +212,30 @@ def test_any_pod_is_refused_or_decodes_within_the_bounds(
     assert within(got), got
     # and its shape is one the learned workload admits
     assert shapes.admissible(shares.shape_of(shares.demand(got, card_memory)))
+
+
+def test_link_counts_and_pair_scores_past_any_card_are_refused() -> None:
+
+    def annotation(links: int) -> str:
+        return json.dumps(
+            {
+                "v": 1,
+                "uuids": ["a", "b"],
+                "nvlink": [[0, links], [links, 0]],
+                "pcie": [[0, 40], [40, 0]],
+                "p2p": [[1, 1], [1, 1]],
+            }
+        )
+
+    assert (
+        topology.decode_topology(annotation(limits.MAX_NVLINKS)).topology.pair_nvlinks(0, 1)
+        == limits.MAX_NVLINKS
+    )
+    with pytest.raises(errors.DecodeError) as info:
+        topology.decode_topology(annotation(limits.MAX_NVLINKS + 1))
+    assert (info.value.annotation, info.value.field) == (keys.GPU_TOPOLOGY, "nvlink")
+    ok = json.dumps([{"uuid": "a", "score": {"b": limits.MAX_PAIR_SCORE}}])
+    assert topology.decode_pair_scores(ok) == {"a": {"b": limits.MAX_PAIR_SCORE}}
+    with pytest.raises(errors.DecodeError) as info:
+        topology.decode_pair_scores(json.dumps([{"uuid": "a", "score": {"b": 2**62}}]))
+    assert (info.value.annotation, info.value.field) == (keys.NODE_PAIR_SCORE, "a")
