@@ -134,7 +134,16 @@ def _big_pod(ns: str, i: int, size: int) -> dict[str, Any]:
     }
 
 
-FGD_ARGS = ["--node-policy", "fgd-lookahead", "--workload-min-count", "1", "--workload-period-s", "0"]
+FGD_ARGS = [
+    "--node-policy",
+    "fgd-lookahead",
+    "--workload-min-count",
+    "1",
+    "--workload-period-s",
+    "0",
+    "--workload-drift",
+    "0",
+]
 
 
 def fuzz(requests: int, slow: int, pods: int, annotation_kb: int, untrimmed: bool) -> dict[str, Any]:

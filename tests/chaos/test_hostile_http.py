@@ -98,8 +98,18 @@ BASE_ARGS = (
     "--node-choice",  # the filter answers every feasible node: all of them are checked below
     "rank",
 )
-FGD_ARGS = ("--node-policy", "fgd-lookahead", "--workload-min-count", "1", "--workload-period-s", "0")
-"""A learning node policy trusting its workload from the first request, handed each shape at once."""
+FGD_ARGS = (
+    "--node-policy",
+    "fgd-lookahead",
+    "--workload-min-count",
+    "1",
+    "--workload-period-s",
+    "0",
+    "--workload-drift",
+    "0",
+)
+"""A learning node policy trusting its workload from the first request, handed each shape at once
+and re-taking its snapshot after every request (so one hostile shape would reach the policy)."""
 
 
 @pytest.fixture(scope="module")
