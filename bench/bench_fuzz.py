@@ -134,18 +134,6 @@ def _big_pod(ns: str, i: int, size: int) -> dict[str, Any]:
     }
 
 
-FGD_ARGS = [
-    "--node-policy",
-    "fgd-lookahead",
-    "--workload-min-count",
-    "1",
-    "--workload-period-s",
-    "0",
-    "--workload-drift",
-    "0",
-]
-
-
 def fuzz(requests: int, slow: int, pods: int, annotation_kb: int, untrimmed: bool) -> dict[str, Any]:
     """(b): RSS with large annotations, the fuzz, the slow connections."""
     cp = ControlPlane()
@@ -160,7 +148,7 @@ def fuzz(requests: int, slow: int, pods: int, annotation_kb: int, untrimmed: boo
         sim = devcluster.NodeSimThread(
             cp.kubeconfig, {n: {"count": 4, "numa_nodes": 2} for n in NODES}
         ).start()
-        args = ["--leader-elect", "none", "--resync-period-s", "20", *FGD_ARGS, "-v", "0"]
+        args = ["--leader-elect", "none", "--resync-period-s", "20", *hostile.LEARNING_ARGS, "-v", "0"]
         ext = devcluster.Extender(
             cp.kubeconfig, cp.workdir / "gpuslice.log", extra_args=args, env=env
         ).start()
@@ -212,7 +200,7 @@ def fuzz(requests: int, slow: int, pods: int, annotation_kb: int, untrimmed: boo
 
 def _request_memory(cp: ControlPlane, case: str) -> dict[str, Any]:
     """RSS of a fresh extender before and after 200 requests of one ``hostile.MEMORY_CASES`` case."""
-    args = ["--leader-elect", "none", *FGD_ARGS, "-v", "0"]
+    args = ["--leader-elect", "none", *hostile.LEARNING_ARGS, "-v", "0"]
     ext = devcluster.Extender(
         cp.kubeconfig, cp.workdir / f"memory-{case.replace(' ', '-')}.log", extra_args=args
     )

@@ -98,18 +98,6 @@ BASE_ARGS = (
     "--node-choice",  # the filter answers every feasible node: all of them are checked below
     "rank",
 )
-FGD_ARGS = (
-    "--node-policy",
-    "fgd-lookahead",
-    "--workload-min-count",
-    "1",
-    "--workload-period-s",
-    "0",
-    "--workload-drift",
-    "0",
-)
-"""A learning node policy trusting its workload from the first request, handed each shape at once
-and re-taking its snapshot after every request (so one hostile shape would reach the policy)."""
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +117,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
 
 @pytest.fixture(scope="module")
 def served(plane: Plane) -> Iterator[Served]:
-    ext = plane.extender("gpuslice", *FGD_ARGS)
+    ext = plane.extender("gpuslice", *hostile.LEARNING_ARGS)
     try:
         yield Served(ext)
     finally:
@@ -194,7 +182,7 @@ GROWTH_MIB = 30.0
 
 @pytest.mark.parametrize("case", hostile.MEMORY_CASES)
 def test_what_requests_carry_is_not_kept(plane: Plane, case: str) -> None:
-    ext = plane.extender(f"memory-{case.replace(' ', '-')}", *FGD_ARGS)
+    ext = plane.extender(f"memory-{case.replace(' ', '-')}", *hostile.LEARNING_ARGS)
     try:
         assert ext.pid is not None
         rng = random.Random(7)

@@ -61,6 +61,19 @@ KINDS = (
     "valid",
 )
 """Probe kinds, in the order ``probes`` draws them from (see the module docstring)."""
+LEARNING_ARGS = (
+    "--node-policy",
+    "fgd-lookahead",
+    "--workload-min-count",
+    "1",
+    "--workload-period-s",
+    "0",
+    "--workload-drift",
+    "0",
+)
+"""``gpuslice serve`` flags under which hostile input reaches furthest: a node policy that learns its
+workload, trusting it from the first request, handed each shape at once and re-taking its snapshot
+after every request, so one hostile shape that got in would reach every later decision."""
 SLOW_KINDS = ("silent", "half-line", "half-body", "trickle")
 """What a slow client sends: nothing, half a request line, headers and half the body, or one
 header byte every half second."""
