@@ -77,8 +77,9 @@ regen() {
         } | sort -u | while read -r m; do
             go mod edit -replace="$m=$m@$STAGING_VERSION"
         done
+        # kubelet shares the module (hack/node/build.sh builds it for the real-node tier)
         go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
-            "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION"
+            "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION"
         go mod tidy
     )
     (
