@@ -383,7 +383,15 @@ class ControlPlane:
             f"--service-account-signing-key-file={work / 'sa.key'}",
             "--service-cluster-ip-range=10.0.0.0/24",
             f"--token-auth-file={work / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
+            # Client certificates signed by the cluster CA: kubelets and device plugins get their
+            # own identities (``client_kubeconfig``), and the apiserver its kubelet client.
+            f"--client-ca-file={work / 'ca.crt'}",
+            f"--kubelet-client-certificate={work / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={work / 'apiserver-kubelet-client.key'}",
+            "--kubelet-preferred-address-types=InternalIP",
+            # The Node authorizer confines a kubelet (user system:node:<name>) to its own node and
+            # pods, as on a kubeadm cluster; RBAC does the rest.
+            "--authorization-mode=Node,RBAC",
             f"--disable-admission-plugins={DISABLED_ADMISSION_PLUGINS}",
             "--allow-privileged=true",
             # 127.0.0.1 may not be an Endpoints address; nothing in-cluster needs the
@@ -410,10 +418,70 @@ class ControlPlane:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
             if proc.returncode != 0:
                 raise ControlPlaneError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+        self._make_ca(work)
+        self._sign_client(work, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ())
         # token,user,uid,"group1,group2"
         (work / "tokens.csv").write_text(
             f'{self._admin_token},admin,admin,"system:masters"\n{self._user_token},{USER_NAME},{USER_NAME}\n'
         )
+
+    @staticmethod
+    def _openssl(*args: str) -> None:
+        proc = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)  # noqa: S603, S607
+        if proc.returncode != 0:
+            raise ControlPlaneError(f"openssl {' '.join(args)} failed: {proc.stderr.strip()}")
+
+    def _make_ca(self, work: Path) -> None:
+        """The cluster CA (``ca.crt``/``ca.key``, EC P-256, one day) for client certificates."""
+        self._openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(work / "ca.key"))
+        self._openssl(
+            "req", "-x509", "-new", "-key", str(work / "ca.key"), "-out", str(work / "ca.crt"),
+            "-days", "2", "-subj", "/CN=gpuslice-test-ca",
+        )  # fmt: skip
+
+    def _sign_client(self, work: Path, stem: str, user: str, groups: Sequence[str]) -> tuple[Path, Path]:
+        """A client certificate for ``user`` in ``groups`` (CN and O, as Kubernetes reads them)."""
+        key, csr, crt = work / f"{stem}.key", work / f"{stem}.csr", work / f"{stem}.crt"
+        subject = "".join(f"/O={group}" for group in groups) + f"/CN={user}"
+        self._openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key))
+        self._openssl("req", "-new", "-key", str(key), "-out", str(csr), "-subj", subject)
+        self._openssl(
+            "x509", "-req", "-in", str(csr), "-CA", str(work / "ca.crt"), "-CAkey", str(work / "ca.key"),
+            "-CAcreateserial", "-out", str(crt), "-days", "2",
+        )  # fmt: skip
+        csr.unlink()
+        return crt, key
+
+    def client_kubeconfig(self, user: str, groups: Sequence[str] = ()) -> Path:
+        """A kubeconfig authenticating as ``user`` in ``groups`` with a CA-signed client certificate.
+
+        A kubelet is ``client_kubeconfig("system:node:<name>", ["system:nodes"])``; what the user
+        may do is up to the Node authorizer and RBAC, never an admin token.
+        """
+        self._require_started()
+        work = self.workdir
+        stem = "client-" + "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in user)
+        crt, key = self._sign_client(work, stem, user, groups)
+        path = work / f"{stem}.kubeconfig"
+        path.write_text(
+            "apiVersion: v1\n"
+            "kind: Config\n"
+            "clusters:\n"
+            f"- name: local\n  cluster:\n    server: {json.dumps(self._server)}\n"
+            "    insecure-skip-tls-verify: true\n"
+            "users:\n"
+            f"- name: {json.dumps(user)}\n  user:\n    client-certificate: {json.dumps(str(crt))}\n"
+            f"    client-key: {json.dumps(str(key))}\n"
+            "contexts:\n"
+            f"- name: local\n  context:\n    cluster: local\n    user: {json.dumps(user)}\n"
+            "current-context: local\n"
+        )
+        return path
+
+    @property
+    def ca_file(self) -> Path:
+        """The cluster CA that signs client certificates (kubelets trust it for the apiserver's)."""
+        return self.workdir / "ca.crt"
 
     def _spawn(
         self, name: str, argv: list[str], work: Path, env: Mapping[str, str] | None = None

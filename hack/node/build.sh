@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Build what a real test node runs that no Debian package ships: kubelet (same pinned Kubernetes
+# version and wrapper module as the control plane, hack/control-plane/k8s) and the sandbox's pause
+# binary (pause.c, static). Cached per version like the control plane; the LAST line of stdout is
+# the bin dir holding `kubelet` and `pause`.
+#
+# Environment: GPUSLICE_CACHE_DIR (default $HOME/.cache/gpuslice), GPUSLICE_BUILD_JOBS (default 2).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CP=$HERE/../control-plane
+# shellcheck source=../control-plane/versions.env
+source "$CP/versions.env"
+: "${K8S_VERSION:?versions.env must set K8S_VERSION}"
+
+CACHE_ROOT=${GPUSLICE_CACHE_DIR:-$HOME/.cache/gpuslice}/node
+PAUSE_SUM=$(sha256sum "$HERE/pause.c" | cut -c1-12)
+NAME=kubelet-${K8S_VERSION}-pause-${PAUSE_SUM}
+DEST=$CACHE_ROOT/$NAME
+BIN=$DEST/bin
+JOBS=${GPUSLICE_BUILD_JOBS:-2}
+K8S_MINOR=${K8S_VERSION#v1.}
+K8S_MINOR=${K8S_MINOR%%.*}
+
+log() { echo "node/build.sh: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+export GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
+
+binaries_ok() {
+    local out
+    [[ -x $BIN/kubelet && -x $BIN/pause ]] || return 1
+    out=$("$BIN/kubelet" --version 2>/dev/null) && [[ $out == "Kubernetes $K8S_VERSION" ]]
+}
+
+build() {
+    command -v go >/dev/null || die "go not found in PATH"
+    command -v gcc >/dev/null || die "gcc not found (hack/node/install.sh installs it)"
+    grep -q "k8s.io/kubernetes/cmd/kubelet" "$CP/k8s/go.mod" ||
+        die "hack/control-plane/k8s/go.mod lacks the kubelet tool; run hack/control-plane/build.sh --regen"
+    local tmp start date_k8s ldf p
+    start=$SECONDS
+    tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$NAME-XXXXXX")
+    # shellcheck disable=SC2064  # expand now: the trap must remove this very directory
+    trap "rm -rf '$tmp'" EXIT
+    log "building $NAME with $(go version | cut -d' ' -f3) (-p $JOBS)"
+    date_k8s=$(go -C "$CP/k8s" mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+        sed -n 's/^[[:space:]]*"Info": "\(.*\)",\{0,1\}$/\1/p' | xargs cat |
+        sed -n 's/.*"Time":"\([^"]*\)".*/\1/p')
+    [[ -n $date_k8s ]] || date_k8s=1970-01-01T00:00:00Z
+    ldf="-s -w"
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldf+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$K8S_MINOR"
+        ldf+=" -X $p.gitTreeState=clean -X $p.buildDate=$date_k8s"
+    done
+    mkdir -p "$tmp/bin"
+    (cd "$CP/k8s" && go build -p "$JOBS" -trimpath -ldflags "$ldf" -o "$tmp/bin/" k8s.io/kubernetes/cmd/kubelet)
+    gcc -static -Os -s -o "$tmp/bin/pause" "$HERE/pause.c"
+    local old_bin=$BIN
+    BIN=$tmp/bin
+    binaries_ok || die "freshly built kubelet does not report $K8S_VERSION"
+    BIN=$old_bin
+    mkdir -p "$DEST"
+    if [[ -e $BIN ]]; then mv -T "$BIN" "$tmp/stale-bin"; fi
+    mv -T "$tmp/bin" "$BIN"
+    log "build time: $((SECONDS - start)) s"
+}
+
+mkdir -p "$CACHE_ROOT"
+if ! binaries_ok; then
+    if command -v flock >/dev/null; then
+        exec 9>"$CACHE_ROOT/.$NAME.lock"
+        flock -n 9 || { log "waiting for another build (lock $CACHE_ROOT/.$NAME.lock)"; flock 9; }
+    fi
+    binaries_ok || build
+fi
+echo "$BIN"
