@@ -19,10 +19,12 @@ except ImportError:  # pragma: no cover - exercised only on broken installs
     pynvml = None
 
 SYSFS_PCI = Path("/sys/bus/pci/devices")
-"""Where the NUMA node of a card is read when NVML cannot say (``numa_node``, -1 = none)."""
+"""Where the NUMA node of a card is read when NVML's memory affinity cannot say (``numa_node``, -1 = none)."""
 _P2P_READ = 0  # NVML_P2P_CAPS_INDEX_READ; pynvml defines it as the tuple (0,) by a stray comma
 _P2P_WRITE = 1
 _MAX_LINKS = 36
+_AFFINITY_SCOPE_NODE = 0  # NVML_AFFINITY_SCOPE_NODE
+_NODE_SET_WORDS = 4  # nodeSetSize for nvmlDeviceGetMemoryAffinity: 64 NUMA nodes a word, 256 in all
 _NO_ANSWER = (3, 2, 6, 13)  # NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND, FUNCTION_NOT_FOUND
 _TIMEOUT = 10
 
@@ -154,16 +156,26 @@ class NvmlBackend:
         )
 
     def _numa(self, h: Any, bus_id: str) -> int | None:
-        node = self._optional(getattr(pynvml, "nvmlDeviceGetNumaNodeId", lambda _h: None), h)
-        if node is None:
-            # sysfs uses a 4-digit domain, lower case: 0000:18:00.0
-            domain, _, rest = bus_id.lower().partition(":")
-            path = SYSFS_PCI / f"{domain[-4:]}:{rest}" / "numa_node"
-            try:
-                node = int(path.read_text().strip())
-            except (OSError, ValueError):
-                return None
-        return None if node is None or node < 0 else int(node)
+        """The NUMA node of the CPUs and memory near the card (``nvidia-smi topo -m``'s "NUMA Affinity").
+
+        NVML's memory affinity first (one node at node scope), else the kernel's ``numa_node``.
+        Not ``nvmlDeviceGetNumaNodeId``: that is the card's *own* node on platforms where GPU
+        memory is a NUMA node (Grace Hopper/Blackwell; "GPU NUMA ID"), unsupported elsewhere.
+        """
+        affinity = getattr(pynvml, "nvmlDeviceGetMemoryAffinity", _absent)
+        words = self._optional(affinity, h, _NODE_SET_WORDS, _AFFINITY_SCOPE_NODE)
+        if words is not None:
+            nodes = [64 * w + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
+            if len(nodes) == 1:
+                return nodes[0]
+        # sysfs uses a 4-digit domain, lower case: 0000:18:00.0
+        domain, _, rest = bus_id.lower().partition(":")
+        path = SYSFS_PCI / f"{domain[-4:]}:{rest}" / "numa_node"
+        try:
+            node = int(path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return None if node < 0 else node
 
     def nvlinks(self, index: int) -> tuple[backend.NvLinkRecord, ...]:
         """Active links with their far ends."""

@@ -53,6 +53,12 @@ def stub_pynvml() -> types.SimpleNamespace:
             raise NVMLError(INVALID_ARGUMENT)
         return 1 if link < 2 else 0
 
+    def affinity(h: Handle, words: int, scope: int) -> list[int]:
+        assert scope == 0  # NVML_AFFINITY_SCOPE_NODE
+        if h.i == 1:
+            raise NVMLError(NOT_SUPPORTED)
+        return [0b1] + [0] * (words - 1)  # node 0
+
     def wait(_s: Any, _ms: int) -> Any:
         if events:
             return events.pop()
@@ -75,7 +81,8 @@ def stub_pynvml() -> types.SimpleNamespace:
         nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=46068 * 2**20, used=512 * 2**20),
         nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(busId=buses[h.i]),
         nvmlDeviceGetMigMode=fail(NOT_SUPPORTED),
-        nvmlDeviceGetNumaNodeId=lambda h: 0 if h.i == 0 else (_ for _ in ()).throw(NVMLError(NOT_SUPPORTED)),
+        nvmlDeviceGetNumaNodeId=lambda h: 9,  # the card's own node (coherent platforms): not the one near it
+        nvmlDeviceGetMemoryAffinity=affinity,
         nvmlDeviceGetNvLinkState=link_state,
         nvmlDeviceGetNvLinkRemotePciInfo=lambda h, link: types.SimpleNamespace(busId=buses[1 - h.i]),
         nvmlDeviceGetNvLinkRemoteDeviceType=lambda h, link: 0,
@@ -137,6 +144,26 @@ def test_records(adapter: nvml.NvmlBackend) -> None:
         512,
     )
     assert "580.95.05" in adapter.describe()
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        ([0, 0b10, 0, 0], 65),  # word 1, bit 1
+        ([0b110, 0, 0, 0], None),  # two nodes: NVML does not name one, and sysfs has no entry
+        ([0, 0, 0, 0], None),
+    ],
+    ids=["node-65", "two-nodes", "no-node"],
+)
+def test_numa_from_memory_affinity(tmp_path: pathlib.Path, words: list[int], expected: int | None) -> None:
+    stub = stub_pynvml()
+    stub.nvmlDeviceGetMemoryAffinity = lambda h, size, scope: words[:size]
+    with mock.patch.object(nvml, "pynvml", stub), mock.patch.object(nvml, "SYSFS_PCI", tmp_path):
+        b = nvml.NvmlBackend()
+        try:
+            assert b.gpus()[0].numa_node == expected
+        finally:
+            b.close()
 
 
 def test_same_discovery_path(adapter: nvml.NvmlBackend) -> None:
