@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "local control plane + kube-scheduler + gpuslice + fake GPU nodes",
     ),
     "webhook": ("gpuslice.webhook.serve", "admission webhook: default and validate GPU pods"),
+    "device-plugin": (
+        "gpuslice.devcluster.deviceplugin.cli",
+        "HAMi-compatible NVIDIA device plugin on kubelet's device-plugin API (v1beta1)",
+    ),
     "explain": ("gpuslice.explaincli", "why a GPU pod fits or not, per node and per card"),
     "shadow": ("gpuslice.sim.shadowreport", "shadow mode: re-play the extender's shadow record (report)"),
 }
