@@ -15,7 +15,7 @@ REPLAY_POLICIES ?= binpack,bestfit,fgd,fgd-lookahead
 REPLAY_SEEDS ?= 42-43
 REPLAY_LOADS ?= 0.8,0.9,0.95,1.0
 
-.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos control-plane helm chromium chart-docs bench clean
+.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos test-node node control-plane helm chromium chart-docs bench clean
 
 venv: $(STAMP)
 
@@ -74,7 +74,18 @@ test-chaos: $(STAMP) control-plane
 	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
 	  $(PY) -m pytest tests/chaos -m chaos -q
 
-test: lint typecheck test-unit test-integration test-e2e test-chaos
+# Real nodes: Debian's containerd, runc and CNI plugins (installed when missing, as root), kubelet
+# and a static pause binary built and cached like the control plane (hack/node)
+node:
+	bash hack/node/install.sh
+	bash hack/node/build.sh
+
+test-node: $(STAMP) control-plane node
+	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
+	GPUSLICE_NODE_BIN=$$(bash hack/node/build.sh | tail -1) \
+	  $(PY) -m pytest tests/node -m node -q
+
+test: lint typecheck test-unit test-integration test-e2e test-chaos test-node
 
 # Benchmarks report medians and ratios from one run on this machine; results go to out/.
 bench: $(STAMP) control-plane

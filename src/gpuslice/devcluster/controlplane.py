@@ -36,6 +36,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -256,6 +257,7 @@ class ControlPlane:
         self._server = ""
         self._etcd_url = ""
         self._atexit_registered = False
+        self._ca_lock = threading.Lock()
 
     # ----------------------------------------------------------------- properties
 
@@ -445,10 +447,11 @@ class ControlPlane:
         subject = "".join(f"/O={group}" for group in groups) + f"/CN={user}"
         self._openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key))
         self._openssl("req", "-new", "-key", str(key), "-out", str(csr), "-subj", subject)
-        self._openssl(
-            "x509", "-req", "-in", str(csr), "-CA", str(work / "ca.crt"), "-CAkey", str(work / "ca.key"),
-            "-CAcreateserial", "-out", str(crt), "-days", "2",
-        )  # fmt: skip
+        with self._ca_lock:  # the CA's serial file is read and rewritten by every signature
+            self._openssl(
+                "x509", "-req", "-in", str(csr), "-CA", str(work / "ca.crt"), "-CAkey", str(work / "ca.key"),
+                "-CAcreateserial", "-out", str(crt), "-days", "2",
+            )  # fmt: skip
         csr.unlink()
         return crt, key
 

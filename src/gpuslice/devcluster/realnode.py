@@ -43,6 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -50,7 +51,8 @@ from typing import IO
 
 import msgspec
 
-from gpuslice.devcluster import ociimage
+from gpuslice.agent import fake
+from gpuslice.devcluster import fakenvml, ociimage
 from gpuslice.devcluster.controlplane import REPO_ROOT, ControlPlane, ControlPlaneError, built_path
 
 NODE_DIR = REPO_ROOT / "hack" / "node"
@@ -121,7 +123,21 @@ def _run(argv: Sequence[str], what: str, timeout: float = 60.0, env: Mapping[str
 
 
 class PluginContext(msgspec.Struct, frozen=True):
-    """What a device-plugin command is told about the node it serves."""
+    """What a device-plugin command is told about the node it serves.
+
+    Attributes:
+        node: Node name.
+        kubeconfig: The plugin's own credentials.
+        socket_dir: kubelet's device-plugin directory as the plugin sees it.
+        dev_dir: Placeholder device nodes (``nvidia<i>``, ``nvidiactl``, ``nvidia-uvm``).
+        hami_dir: Placeholder HAMi-core files: ``libvgpu.so``, ``ld.so.preload``, ``containers/``
+            (per-container shared caches), ``vgpulock/``.
+        work_dir: The node's directory.
+        cards: How many cards the node's NVML reports.
+        nvml_dir: Directory holding the ``libnvidia-ml.so.1`` the plugin should load (the fake
+            library), empty for a plugin that needs none.
+        nvml_shape: The fake library's machine file (``GPUSLICE_FAKE_NVML_SHAPE``).
+    """
 
     node: str
     kubeconfig: Path
@@ -130,6 +146,15 @@ class PluginContext(msgspec.Struct, frozen=True):
     hami_dir: Path
     work_dir: Path
     cards: int
+    nvml_dir: Path | None = None
+    nvml_shape: Path | None = None
+
+    def nvml_env(self) -> dict[str, str]:
+        """The environment that makes a process load the node's NVML library."""
+        if self.nvml_dir is None or self.nvml_shape is None:
+            return {}
+        search = [str(self.nvml_dir), *filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":"))]
+        return {"LD_LIBRARY_PATH": ":".join(search), "GPUSLICE_FAKE_NVML_SHAPE": str(self.nvml_shape)}
 
 
 PluginCommand = Callable[[PluginContext], tuple[list[str], dict[str, str]]]
@@ -146,8 +171,33 @@ def gpuslice_plugin(backend: str, split_count: int = 10) -> PluginCommand:
             "--socket-dir", str(ctx.socket_dir), "--backend", backend,
             "--split-count", str(split_count),
             "--hami-dir", str(ctx.hami_dir), "--dev-dir", str(ctx.dev_dir),
+            "--lock-dir", str(ctx.hami_dir / "vgpulock"),
         ]  # fmt: skip
-        return argv, {}
+        return argv, ctx.nvml_env()
+
+    return command
+
+
+def external_plugin(executable: Path) -> PluginCommand:
+    """Any other device plugin, HAMi's among them, started as ``executable`` with no arguments.
+
+    It is told the node through the environment (``docs/real-nodes.md`` shows a wrapper for
+    HAMi's plugin): ``NODE_NAME``, ``KUBECONFIG``, ``GPUSLICE_NODE_DIR``, ``GPUSLICE_DEV_DIR``,
+    ``GPUSLICE_HAMI_DIR``, ``GPUSLICE_SOCKET_DIR``, ``GPUSLICE_CARDS``, and, for an NVML-based
+    plugin, ``LD_LIBRARY_PATH`` and ``GPUSLICE_FAKE_NVML_SHAPE`` naming the fake NVML library and
+    its machine.
+    """
+
+    def command(ctx: PluginContext) -> tuple[list[str], dict[str, str]]:
+        env = {
+            "GPUSLICE_NODE_DIR": str(ctx.work_dir),
+            "GPUSLICE_DEV_DIR": str(ctx.dev_dir),
+            "GPUSLICE_HAMI_DIR": str(ctx.hami_dir),
+            "GPUSLICE_SOCKET_DIR": str(ctx.socket_dir),
+            "GPUSLICE_CARDS": str(ctx.cards),
+            **ctx.nvml_env(),
+        }
+        return [str(executable)], env
 
     return command
 
@@ -201,7 +251,9 @@ class RealNode:
             (``gsl<index>``) and the pod subnet (``POD_SUBNET``).
         root: The node's directory (must not exist yet, or be empty); removed by ``stop``.
         plugin: The device-plugin command, ``None`` for a node without GPUs.
-        cards: How many cards the plugin's machine has (told to the plugin; placeholders made).
+        machine: The node's GPUs: a machine shape of the agent's fake backend (``agent.fake``),
+            served through NVML by the fake ``libnvidia-ml.so.1`` (``devcluster.fakenvml``);
+            ``None`` for a node without GPUs.
         labels: Node labels kubelet registers with.
         bin_dir: Directory with ``kubelet`` and ``pause`` (default ``node_binaries()``).
     """
@@ -214,7 +266,7 @@ class RealNode:
         root: Path,
         *,
         plugin: PluginCommand | None,
-        cards: int = 0,
+        machine: str | None = None,
         labels: Mapping[str, str] | None = None,
         bin_dir: Path | None = None,
     ) -> None:
@@ -225,7 +277,10 @@ class RealNode:
         self.index = index
         self.root = root
         self.plugin_command = plugin
-        self.cards = cards
+        self.machine = machine
+        self.cards = 0 if machine is None else len(fake.shape(machine).gpus)
+        self.nvml_dir: Path | None = None
+        self.nvml_shape: Path | None = None
         self.labels = dict(labels or {})
         self._bin_dir = bin_dir
         self.bridge = f"gsl{index}"
@@ -289,7 +344,9 @@ class RealNode:
             self.start_kubelet()
             self.wait_ready(timeout)
             if self.plugin_command is not None:
+                mark = self.kubelet_log_mark()
                 self.start_plugin()
+                self.wait_plugin_registered(mark, timeout)
                 self.wait_gpus(timeout)
         except BaseException:
             self.stop()
@@ -318,6 +375,11 @@ class RealNode:
         self._write_cni()
         self._write_containerd_config()
         self._make_placeholders()
+        if self.machine is not None:
+            self.nvml_shape = self.root / "nvml" / "machine"
+            self.nvml_shape.parent.mkdir(exist_ok=True)
+            fakenvml.write_shape(fake.shape(self.machine), self.nvml_shape)
+            self.nvml_dir = fakenvml.build_library().parent
         self.kubelet_port = _free_port()
         self.kubelet_healthz_port = _free_port()
         self._write_credentials()
@@ -527,7 +589,7 @@ oom_score = 0
             self.containerd.stop()
 
     def _import_images(self, bin_dir: Path) -> None:
-        images = self.root.parent / "images"
+        images = self.root / "images"
         images.mkdir(exist_ok=True)
         built = [
             ociimage.write_layout(
@@ -660,6 +722,8 @@ oom_score = 0
             hami_dir=self.hami_dir,
             work_dir=self.root,
             cards=self.cards,
+            nvml_dir=self.nvml_dir,
+            nvml_shape=self.nvml_shape,
         )
 
     def start_plugin(self) -> None:
@@ -723,6 +787,54 @@ oom_score = 0
             time.sleep(0.25)
         plugin_tail = self.plugin.tail() if self.plugin else ""
         raise NodeError(f"node {self.name} advertises no {resource} after {timeout} s:\n{plugin_tail}")
+
+    def kubelet_log_mark(self) -> int:
+        """Where kubelet's log ends now, for ``wait_plugin_registered``."""
+        path = self.root / "logs" / "kubelet.log"
+        return path.stat().st_size if path.exists() else 0
+
+    def wait_plugin_registered(self, since: int, timeout: float = 60.0) -> None:
+        """Wait until kubelet, after log offset ``since``, has a device plugin's devices.
+
+        kubelet logs ``State pushed for device plugin`` once a registered plugin's first
+        ``ListAndWatch`` answer reached its device manager (``pkg/kubelet/cm/devicemanager``); only
+        then does it admit pods asking for the resource. The Node's allocatable lags by up to a
+        status update, so it cannot tell a restarted plugin from the one before.
+        """
+        path = self.root / "logs" / "kubelet.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with contextlib.suppress(OSError), open(path, "rb") as log:
+                log.seek(since)
+                if b"State pushed for device plugin" in log.read():
+                    return
+            time.sleep(0.2)
+        plugin_tail = self.plugin.tail() if self.plugin else ""
+        raise NodeError(
+            f"no device plugin registered with {self.name}'s kubelet within {timeout} s:\n{plugin_tail}"
+        )
+
+    def restart_kubelet(self, timeout: float = 60.0) -> None:
+        """Stop kubelet (SIGTERM) and start it again; returns once the plugin re-registered with it."""
+        self.stop_kubelet()
+        mark = self.kubelet_log_mark()
+        self.start_kubelet()
+        if self.plugin_command is not None:
+            self.wait_plugin_registered(mark, timeout)
+        self.wait_ready(timeout)
+
+    def restart_plugin(self, timeout: float = 60.0) -> None:
+        """Stop the device plugin (SIGTERM) and start it again; returns once kubelet has its devices."""
+        self.stop_plugin()
+        mark = self.kubelet_log_mark()
+        self.start_plugin()
+        self.wait_plugin_registered(mark, timeout)
+
+    def restart_containerd(self, timeout: float = 30.0) -> None:
+        """Stop containerd (SIGTERM; shims and containers live on) and start it again."""
+        self.stop_containerd()
+        self.start_containerd(timeout)
 
     # ------------------------------------------------------------------ teardown
     def _cgroup_pids(self) -> list[int]:
@@ -822,3 +934,27 @@ def ensure_plugin_role(plane: ControlPlane) -> None:
     status, body = plane.api_request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
     if status not in (201, 409):
         raise NodeError(f"cannot create the device plugin's role: {status} {body}")
+
+
+def start_all(nodes: Sequence[RealNode], timeout: float = 120.0) -> None:
+    """Start several nodes at once (each start waits mostly on its kubelet); all or none.
+
+    On any failure every node is stopped and the first error raised.
+    """
+    errors: list[BaseException] = []
+
+    def start(node: RealNode) -> None:
+        try:
+            node.start(timeout)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(node,), name=f"start-{node.name}") for node in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        for node in nodes:
+            node.stop()
+        raise errors[0]
