@@ -26,6 +26,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -34,7 +35,7 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from gpuslice.devcluster import controlplane, nodesim
+from gpuslice.devcluster import controlplane, nodesim, realnode
 from gpuslice.kube import client as kclient
 
 _STOP_GRACE_S = 10.0
@@ -615,12 +616,40 @@ def cluster(
     memory_mib: int,
     verbosity: int = 0,
     workdir: Path | None = None,
+    real_nodes: int = 0,
+    real_machine: str = "t4-4",
+    device_plugin: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Everything running; yields ``{"control_plane", "extender", "kubeconfig", "sim"}``."""
+    """Everything running; yields ``{"control_plane", "extender", "kubeconfig", "sim", "real"}``.
+
+    ``real_nodes`` more nodes are real (``devcluster.realnode``: containerd, runc, CNI, kubelet and
+    a device plugin, gpuslice's own over the fake NVML library with the ``real_machine`` shape, or
+    the executable ``device_plugin``); they need root and the packages ``hack/node/install.sh``
+    installs.
+    """
     with contextlib.ExitStack() as stack:
         cp = controlplane.ControlPlane(workdir=workdir)
         cp.start()
         stack.callback(cp.stop)
+        real: list[realnode.RealNode] = []
+        if real_nodes:
+            plugin = (
+                realnode.external_plugin(device_plugin)
+                if device_plugin is not None
+                else realnode.gpuslice_plugin("nvml")
+            )
+            root = Path(tempfile.mkdtemp(prefix="gsn-", dir="/tmp"))  # short: unix socket paths
+            stack.callback(lambda: root.rmdir() if root.exists() and not any(root.iterdir()) else None)
+            real = [
+                realnode.RealNode(
+                    cp, f"real-node-{i}", i, root / f"real-node-{i}", plugin=plugin, machine=real_machine,
+                    labels=nodesim.GPU_LABEL,
+                )
+                for i in range(real_nodes)
+            ]  # fmt: skip
+            realnode.start_all(real)
+            for node in real:
+                stack.callback(node.stop)
         specs = {
             f"gpu-node-{i}": {
                 "model": model,
@@ -637,7 +666,7 @@ def cluster(
         stack.callback(ext.stop)
         cp.start_scheduler(render_scheduler_config(ext.url, cp.kubeconfig))
         stack.callback(cp.stop_scheduler)
-        yield {"control_plane": cp, "extender": ext, "kubeconfig": cp.kubeconfig, "sim": sim}
+        yield {"control_plane": cp, "extender": ext, "kubeconfig": cp.kubeconfig, "sim": sim, "real": real}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -650,6 +679,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-mib", type=int, default=0, help="memory per GPU (default: the model's)")
     parser.add_argument("-v", "--verbosity", type=int, default=2, help="gpuslice log level")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs and kubeconfigs here")
+    parser.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        help="real nodes besides the fake ones: containerd, runc, CNI, kubelet and a device plugin "
+        "each (root; docs/real-nodes.md)",
+    )
+    parser.add_argument(
+        "--real-machine", default="t4-4", help="the real nodes' GPUs, a fake NVML machine shape (agent.fake)"
+    )
+    parser.add_argument(
+        "--device-plugin",
+        type=Path,
+        default=None,
+        help="the real nodes' device plugin, an executable (default: gpuslice's own; docs/real-nodes.md)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -660,8 +705,21 @@ def main(args: argparse.Namespace) -> int:
     try:
         model, memory = MODELS.get(args.model, (args.model, 81920))
         memory = args.memory_mib or memory
-        with cluster(args.nodes, model, args.gpus, memory, args.verbosity, args.workdir) as running:
+        with cluster(
+            args.nodes,
+            model,
+            args.gpus,
+            memory,
+            args.verbosity,
+            args.workdir,
+            real_nodes=args.real_nodes,
+            real_machine=args.real_machine,
+            device_plugin=args.device_plugin,
+        ) as running:
             cp = running["control_plane"]
+            for node in running["real"]:
+                logs = node.root / "logs"
+                print(f"real node:  {node.name} ({node.machine}, pods on {node.subnet}, logs {logs})")
             print(f"kubeconfig: {running['kubeconfig']}")
             print(f"  export KUBECONFIG={running['kubeconfig']}")
             print(f"gpuslice:   {running['extender'].url} (log {running['extender'].log_path})")
@@ -672,7 +730,7 @@ def main(args: argparse.Namespace) -> int:
                 if running["extender"].popen is None or running["extender"].popen.poll() is not None:
                     print("gpuslice serve exited; stopping", file=sys.stderr)
                     return 1
-    except (DevClusterError, controlplane.ControlPlaneError) as err:
+    except (DevClusterError, controlplane.ControlPlaneError, realnode.NodeError) as err:
         print(f"gpuslice dev-cluster: {err}", file=sys.stderr)
         return 1
     return 0
