@@ -161,7 +161,7 @@ PluginCommand = Callable[[PluginContext], tuple[list[str], dict[str, str]]]
 """Argv and extra environment of a device plugin for a node (module docstring)."""
 
 
-def gpuslice_plugin(backend: str, split_count: int = 10) -> PluginCommand:
+def gpuslice_plugin(backend: str, split_count: int = 10, extra_args: Sequence[str] = ()) -> PluginCommand:
     """The gpuslice device plugin with cards from ``backend`` (``fake:<shape>`` or ``nvml``)."""
 
     def command(ctx: PluginContext) -> tuple[list[str], dict[str, str]]:
@@ -171,7 +171,7 @@ def gpuslice_plugin(backend: str, split_count: int = 10) -> PluginCommand:
             "--socket-dir", str(ctx.socket_dir), "--backend", backend,
             "--split-count", str(split_count),
             "--hami-dir", str(ctx.hami_dir), "--dev-dir", str(ctx.dev_dir),
-            "--lock-dir", str(ctx.hami_dir / "vgpulock"),
+            "--lock-dir", str(ctx.hami_dir / "vgpulock"), *extra_args,
         ]  # fmt: skip
         return argv, ctx.nvml_env()
 

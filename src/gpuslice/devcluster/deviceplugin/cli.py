@@ -92,6 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report-period", type=float, default=30.0, help="seconds between Node annotation reports"
     )
+    parser.add_argument(
+        "--kube-qps",
+        type=float,
+        default=kclient.DEFAULT_QPS,
+        help="client-side API rate limit; HAMi's plugin runs at client-go's default, 5 (burst 10)",
+    )
+    parser.add_argument("--kube-burst", type=int, default=kclient.DEFAULT_BURST, help="client-side API burst")
     parser.add_argument("--log-level", default="INFO", help="logging level")
 
 
@@ -148,14 +155,18 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as exc:
         print(f"gpuslice device-plugin: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve(config, open_backend, args.kubeconfig))
+    return asyncio.run(_serve(config, open_backend, args.kubeconfig, args.kube_qps, args.kube_burst))
 
 
 async def _serve(
-    config: service.Settings, open_backend: Callable[[], backend.Backend], kubeconfig: str | None
+    config: service.Settings,
+    open_backend: Callable[[], backend.Backend],
+    kubeconfig: str | None,
+    qps: float = kclient.DEFAULT_QPS,
+    burst: int = kclient.DEFAULT_BURST,
 ) -> int:
     try:
-        kube = kclient.KubeClient.auto(kubeconfig)
+        kube = kclient.KubeClient.auto(kubeconfig, qps=qps, burst=burst)
     except Exception as exc:  # kubeconfig problems come as several exception types
         print(f"gpuslice device-plugin: cannot configure the API client: {exc}", file=sys.stderr)
         return 2
