@@ -61,7 +61,7 @@ from gpuslice.extender import shadow as shadows
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import objects
 from gpuslice.model import requests, status
-from gpuslice.policy import registry
+from gpuslice.policy import batch, registry
 
 JSON = "application/json"
 REQUEST_MEMO_ENTRIES, REQUEST_MEMO_BYTES = 4096, 8 << 20
@@ -72,6 +72,8 @@ SCORE_MEMO_ENTRIES, SCORE_MEMO_BYTES = 1024, 32 << 20
 """Filter results kept for prioritize (popped by it; pods kube-scheduler does not score stay)."""
 SEEN_MEMO_ENTRIES, SEEN_MEMO_BYTES = 20_000, 4 << 20
 """UIDs of pods already counted in the learned workload."""
+_NOTHING_BUSY: frozenset[str] = frozenset()
+"""``Handlers._busy`` when the lock margin is off."""
 NOT_SYNCED = "gpuslice cache not synced yet (first list or relist in progress); retry"
 T = TypeVar("T")
 Service = Callable[[], contextlib.AbstractAsyncContextManager[object]]
@@ -114,6 +116,9 @@ class Deps:
     """Shadow mode (``--shadow-policy``): told what each filter judged; None when off."""
     preemption: preemptions.Preemption | None = None
     """GPU-aware preemption (``extender.preemption``): told of GPU pods no node fits; None when off."""
+    locks: Callable[[str], Collection[str]] | None = None
+    """Pod ``namespace/name`` -> the nodes whose HAMi lock it would find busy
+    (``lockview.LockView.busy``), for the lock margin; None: no lock state (the margin has no effect)."""
 
 
 class State(TypedDict):
@@ -205,6 +210,11 @@ class _Requests:
         if meta.uid and meta.resource_version:
             self._memo.put(meta.uid, (meta.resource_version, parsed))
         return parsed
+
+
+def _key(pod: requests.PodRequest) -> str:
+    """``namespace/name``."""
+    return f"{pod.namespace}/{pod.name}"
 
 
 def _weigh_parsed(value: object) -> int:
@@ -424,10 +434,15 @@ class Handlers:
                 )
         if self._workload.flush():
             snap = self._snapshot(pod)  # the workload changed: score against the new one
+        busy = self._busy(pod)
         outcome = scheduling.filter_nodes(
-            snap, pod, names, deps.policies, self.log, deps.invalid_nodes, deps.excluded
+            snap, pod, names, deps.policies, self.log, deps.invalid_nodes, deps.excluded, busy
         )
         deps.flow.remember(pod)
+        if busy is not _NOTHING_BUSY and deps.policies.extender_decides and len(outcome.feasible) == 1:
+            deps.flow.claim(_key(pod), outcome.feasible[0])  # taken until its bind arrives
+            if outcome.lock_moved:
+                self.m.lock_moves.labels("filter").inc()
         if deps.shadow is not None and pod.wants_gpu and outcome.feasible:
             deps.shadow.seen(snap, pod, names, deps.excluded)
         feasible_json = wire.ENCODER.encode(outcome.feasible)
@@ -465,6 +480,16 @@ class Handlers:
                 b',"Error":""}',
             )
         )
+
+    def _busy(self, pod: requests.PodRequest) -> Collection[str]:
+        """The nodes whose lock the pod would find busy, when the lock margin is on and can tell.
+
+        ``_NOTHING_BUSY`` itself when it is off (margin 0, no lock view, a pod without GPUs).
+        """
+        locks = self.deps.locks
+        if locks is None or not pod.wants_gpu or not self.deps.policies.lock_margin > 0:
+            return _NOTHING_BUSY
+        return locks(_key(pod))
 
     def _snapshot(self, pod: requests.PodRequest) -> view.Snapshot:
         """The snapshot the pod's filter judges: a preemptor sees its nominated cards free."""
@@ -518,6 +543,14 @@ class Handlers:
             deps.flow.remember_scores(pod.uid, names, scores)
             ctx = scheduling.context(snap, pod, deps.policies)
             scores = scheduling.candidate_step(deps.policies.node(pod, ctx), scores, ctx)
+            busy = self._busy(pod)
+            if busy:
+                keyed = scheduling.lock_aware(names, scores, busy, deps.policies)
+                if keyed is not scores and next(batch.best_first(names, keyed)) != next(
+                    batch.best_first(names, scores)
+                ):
+                    self.m.lock_moves.labels("prioritize").inc()
+                scores = keyed
         if ranks:
             wire_scores = scheduling.rank_scores(names, scores, wire.MAX_EXTENDER_PRIORITY)
         else:

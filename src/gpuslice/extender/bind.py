@@ -91,6 +91,10 @@ PODS_MEMO = (20_000, 16 << 20)
 """Entries and bytes of the filtered requests kept for their binds (``memo.Memo``)."""
 SMALL_MEMO = (20_000, 4 << 20)
 """Entries and bytes of the per-pod scores, filter summaries and finished binds."""
+CLAIM_TTL_S = 1.0
+"""How long a node the filter chose for a pod counts as taken before the pod's bind arrives."""
+CLAIMS_MAX = 4096
+"""Claims kept at most (the oldest go first; a claim only matters for ``CLAIM_TTL_S``)."""
 
 
 class Events(Protocol):
@@ -244,6 +248,8 @@ class BindFlow:
     _resolvers: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
     _unlabelled: dict[str, _Unlabelled] = dataclasses.field(default_factory=dict)
     _labellers: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
+    _claims: dict[str, tuple[str, float]] = dataclasses.field(default_factory=dict)
+    """Pod key -> (node, monotonic time) the filter chose for it, until its bind starts (``claim``)."""
 
     def __post_init__(self) -> None:
         self._waiter = nodelock.LockWaiter(self.binder, self._now, self.metrics, self.lock_wait_s)
@@ -282,6 +288,35 @@ class BindFlow:
             pending.seen = True
         elif pending.seen:
             self._label_now(node, pending)
+
+    def claim(self, key: str, node: str) -> None:
+        """The filter answered ``node`` alone for pod ``key`` (``node_choice: extender``).
+
+        kube-scheduler filters the next pod of a burst while this one binds, often before its
+        ``/bind`` arrives; until then (at most ``CLAIM_TTL_S``) the node counts as taken in
+        ``in_flight``, as it will be once the bind takes its lock.
+        """
+        self._claims.pop(key, None)
+        self._claims[key] = (node, self.monotonic())
+        if len(self._claims) > CLAIMS_MAX:
+            del self._claims[next(iter(self._claims))]
+
+    def in_flight(self, key: str) -> set[str]:
+        """Nodes that binds of pods other than ``key`` are taking here.
+
+        A bind queued for its node, holding its lock or resolving, or a node the filter just chose
+        (``claim``). Expired claims are dropped on the way.
+        """
+        out = {node for other, node in self._live.items() if other != key}
+        if self._claims:
+            now = self.monotonic()
+            while self._claims:  # oldest first: ``claim`` re-inserts at the end
+                oldest = next(iter(self._claims))
+                if now - self._claims[oldest][1] <= CLAIM_TTL_S:
+                    break
+                del self._claims[oldest]
+            out.update(node for other, (node, _) in self._claims.items() if other != key)
+        return out
 
     def remember_filter(self, uid: str, summary: str) -> None:
         """Keep the filter summary of a pod for its bind event."""
@@ -359,6 +394,7 @@ class BindFlow:
         ns, name, uid, node = args.pod_namespace, args.pod_name, args.pod_uid, args.node
         key = f"{ns}/{name}"
         started = self.monotonic()
+        self._claims.pop(key, None)  # from here the bind itself counts (``_live``) until it ends
         if uid and self._done.get(uid) == node:
             return REPEAT
         if not self.leading():

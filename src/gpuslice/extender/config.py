@@ -51,6 +51,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             answers only the chosen node), ``rank`` (rank scores) or ``blend`` (scaled scores
             summed with kube-scheduler's plugins); see ``model.config.NODE_CHOICES``. Render the
             scheduler configuration with the same value (it sets the extender weight).
+        lock_margin: lock-aware node choice (docs/node-choice.md): among the nodes whose policy
+            score is within this fraction of the score scale (0..100) of the best, prefer one whose
+            HAMi node lock is free, so a burst of pods binds on several nodes at once instead of
+            one pod per ``Allocate`` on the best node. 0 = the policy's choice exactly; in [0, 1].
         workload_period_s: how often the shapes of newly filtered pods are handed to the cache's
             histogram (FGD's target workload); 0 = at once, before the pod is scored (each hand-over
             rebuilds the snapshot's workload, so a busy extender batches them).
@@ -160,6 +164,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     node_policy: str = "binpack"
     card_policy: str = "spread"
     node_choice: str = model_config.DEFAULT_NODE_CHOICE
+    lock_margin: float = model_config.DEFAULT_LOCK_MARGIN
     workload_period_s: float = 1.0
     workload_decay: float = model_config.DEFAULT_WORKLOAD.decay
     workload_window: int = model_config.DEFAULT_WORKLOAD.window
@@ -406,6 +411,8 @@ def validate(values: Mapping[str, Any]) -> Settings:
     if settings.node_choice not in model_config.NODE_CHOICES:
         known = ", ".join(model_config.NODE_CHOICES)
         problems.append(f"node_choice: expected one of {known}, got {settings.node_choice!r}")
+    if not 0.0 <= settings.lock_margin <= 1.0:  # also refuses NaN
+        problems.append(f"lock_margin must be in [0, 1], got {settings.lock_margin!r}")
     unknown_shadows = [n for n in settings.shadow_names if n not in registry.names()]
     if unknown_shadows:
         problems.append(

@@ -129,6 +129,10 @@ class NodeHealth:
         seen = self._locks.get(name)
         return None if seen is None else monotonic - seen[1]
 
+    def lock_values(self) -> dict[str, str]:
+        """Node -> its ``hami.io/mutex.lock`` value, for the registered nodes the watch shows locked."""
+        return {name: seen[0] for name, seen in self._locks.items()}
+
     def needs_handshake(self, names: Iterable[str] | None = None) -> list[str]:
         """Nodes whose handshake lacks a ``Requesting_`` (the leader writes one, as HAMi does)."""
         out = []

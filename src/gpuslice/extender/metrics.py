@@ -106,6 +106,13 @@ class Metrics:
             "Retries of a node lock held by another pod's Allocate",
             registry=r,
         )
+        self.lock_moves = Counter(
+            "gpuslice_lock_margin_moves_total",
+            "GPU pods whose first choice the lock margin moved off the best-scoring node, whose HAMi "
+            "node lock was busy, to a node within the margin with a free one (by verb)",
+            ["verb"],
+            registry=r,
+        )
         self.requeue_nudges = Counter(
             "gpuslice_requeue_nudges_total",
             "Node annotation touches that make kube-scheduler retry pods waiting for GPU capacity",

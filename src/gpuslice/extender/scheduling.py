@@ -10,6 +10,9 @@ policy's candidate step, e.g. BestFit's normalisation), then the lower node name
 (``batch.best_first``).
 With ``node_choice: extender`` the filter answers only the first node in that order that the card
 policy accepts; with ``rank`` prioritize answers that order as ranks (``docs/node-choice.md``).
+With a ``lock_margin``, the nodes whose HAMi node lock is busy for the pod (``busy``, from
+``extender.lockview``) count too: among the nodes within the margin of the best score a free one
+goes first (``policy.lockchoice``; ``lock_aware``), as in the simulator's lock-window model.
 
 While the learned target workload is untrusted (the snapshot's workload is None, see
 ``cache.shapes``), a policy that learns it (``registry.learns_workload``: fgd, fgd-lookahead) is
@@ -31,7 +34,7 @@ from gpuslice.codec import keys
 from gpuslice.extender import logs, view
 from gpuslice.model import config as model_config
 from gpuslice.model import nodes, requests, status
-from gpuslice.policy import batch, chains, fit, registry, shares
+from gpuslice.policy import batch, chains, fit, lockchoice, registry, shares
 
 FEASIBLE = "Feasible"
 
@@ -59,6 +62,8 @@ class Policies:
     """Telemetry older than this counts as absent (``registry.Context.telemetry_max_age_s``)."""
     clock: Callable[[], float] | None = None
     """Wall-clock seconds for ``context`` (injected by ``serve``; None = no clock: nothing is stale)."""
+    lock_margin: float = model_config.DEFAULT_LOCK_MARGIN
+    """Near the best score by this fraction of the scale, prefer a free node lock (``lock_aware``)."""
 
     @classmethod
     def build(
@@ -227,6 +232,8 @@ class FilterOutcome:
     reasons: collections.Counter[str]
     scores: np.ndarray | None = None
     """Internal 0..100 scores of ``feasible`` (same order, from the batch evaluation), when computed."""
+    lock_moved: bool = False
+    """The node chosen (``node_choice: extender``) is not the best-scoring one: its lock was busy."""
 
 
 def context(
@@ -266,6 +273,7 @@ def filter_nodes(
     log: logs.Log,
     invalid: Collection[str] = (),
     excluded: Mapping[str, str] | None = None,
+    busy: Collection[str] = (),
 ) -> FilterOutcome:
     """Which of ``names`` can hold the pod, and why the others cannot.
 
@@ -273,7 +281,9 @@ def filter_nodes(
     scores the feasible nodes; the scores are kept in the outcome so prioritize can reuse them.
     At ``-v 5`` every node goes through ``fit.place`` so each card can be logged. Nodes in
     ``excluded`` (node -> reason code: a stale device-plugin handshake, a stuck node lock) fail
-    with that reason without being evaluated.
+    with that reason without being evaluated. ``busy`` names the nodes whose lock is busy for the
+    pod; with ``node_choice: extender`` and a ``lock_margin`` the choice prefers the others
+    (``lock_aware``).
     """
     if not pod.wants_gpu:
         return FilterOutcome(list(names), {}, {}, collections.Counter({FEASIBLE: len(names)}))
@@ -287,7 +297,7 @@ def filter_nodes(
             names = [n for n in names if n not in skipped]
     out = _evaluate(snap, pod, names, node_policy, card_policy, log, invalid, ctx)
     if policies.extender_decides and len(out.feasible) > 1:
-        _keep_choice(out, snap, pod, policies, log, ctx)
+        _keep_choice(out, snap, pod, policies, log, ctx, busy)
     for name, reason in skipped.items():
         out.failed[name] = reason
         out.reasons[reason] += 1
@@ -332,22 +342,61 @@ def _keep_choice(
     policies: Policies,
     log: logs.Log,
     ctx: registry.Context,
+    busy: Collection[str] = (),
 ) -> None:
     """Narrow ``out.feasible`` to the node the extender chooses (``batch.first_placed``).
 
     The vectorised filter decides feasibility without asking the card policy, so the winner is
     placed once here; a node whose cards the policy refuses gives way to the next. ``ctx`` is the
-    filter's own context (``context(snap, pod, policies)``, built once per filter).
+    filter's own context (``context(snap, pod, policies)``, built once per filter). Nodes in
+    ``busy`` give way to free ones within the lock margin (``lock_aware``).
     """
     names = out.feasible
     scores = out.scores if out.scores is not None else score_nodes(snap, pod, names, policies, log)
     stepped = candidate_step(policies.node(pod, ctx), scores, ctx)
+    keys = lock_aware(names, stepped, busy, policies)
     card_policy = policies.card(pod)
     quota = view.quota(snap, pod.namespace)
-    won = batch.first_placed(snap.nodes, names, stepped, pod, card_policy, ctx, quota)
+    won = batch.first_placed(snap.nodes, names, keys, pod, card_policy, ctx, quota)
     if won is not None:
         i = won[0]
         out.feasible, out.scores = [names[i]], scores[i : i + 1]
+        out.lock_moved = keys is not stepped and i != next(batch.best_first(names, stepped))
+        if out.lock_moved and log.enabled(3):
+            log.v(3, "lock margin: chose a node with a free lock", pod=pod.name, node=names[i])
+
+
+def locked_near(names: Sequence[str], scores: np.ndarray, busy: Collection[str], margin: float) -> np.ndarray:
+    """True where the node is in ``busy``, looked up for the nodes near the best only.
+
+    ``lockchoice`` ignores the locks of the nodes outside the margin, so they are not looked up.
+    """
+    locked = np.zeros(len(names), np.bool_)
+    if busy:
+        for i in lockchoice.near_best(scores, margin).tolist():
+            locked[i] = names[i] in busy
+    return locked
+
+
+def lock_aware(
+    names: Sequence[str], scores: np.ndarray, busy: Collection[str], policies: Policies
+) -> np.ndarray:
+    """What the choice goes by once the node locks count (``Policies.lock_margin``).
+
+    ``scores`` are the candidates' internal scores after the candidate step (``UNFIT`` where the
+    pod does not fit). Where the order is what counts (``extender``, ``rank``): keys that put the
+    free nodes within the margin of the best first (``lockchoice.prefer_free``). Where the scores
+    themselves go on the wire (``blend``): scores with the busy nodes within the margin lowered
+    below the free ones (``lockchoice.demote_busy``). Margin 0, no busy node, or nothing to change:
+    ``scores`` itself.
+    """
+    margin = policies.lock_margin
+    if not margin > 0 or not busy or not len(names):
+        return scores
+    locked = locked_near(names, scores, busy, margin)
+    if policies.ranks:
+        return lockchoice.prefer_free(scores, locked, margin)
+    return lockchoice.demote_busy(scores, locked, margin)
 
 
 def _log_evaluation(log: logs.Log, pod: requests.PodRequest, ev: batch.Evaluation) -> None:

@@ -37,7 +37,18 @@ from gpuslice.cache import shapes
 from gpuslice.extender import app as apps
 from gpuslice.extender import bind as binds
 from gpuslice.extender import binder as binders
-from gpuslice.extender import config, failpoints, feed, leader, logs, metrics, recovery, scheduling, view
+from gpuslice.extender import (
+    config,
+    failpoints,
+    feed,
+    leader,
+    lockview,
+    logs,
+    metrics,
+    recovery,
+    scheduling,
+    view,
+)
 from gpuslice.extender import httpserver as httpservers
 from gpuslice.extender import pending as pendings
 from gpuslice.extender import preemption as preemptions
@@ -86,6 +97,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         job_label=settings.job_label,
         telemetry_max_age_s=settings.telemetry_max_age_s,
         clock=time.time,
+        lock_margin=settings.lock_margin,
     )
     instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
     recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
@@ -117,6 +129,9 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         faults=failpoints.Failpoints.from_env(),
     )
     source.on_node_lock = flow.node_lock_changed
+    locks = lockview.LockView(  # what the lock margin reads (docs/node-choice.md)
+        source.health.lock_values, source.pod, flow.in_flight, time.time, settings.node_lock_expiry_s
+    )
     source.on_capacity_freed = flow.capacity_freed
     shadow = shadows.build(settings, policies, m, cache)  # None unless --shadow-policy
     if shadow is not None:
@@ -178,6 +193,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         excluded=source.health.excluded,
         shadow=shadow,
         preemption=preempting,
+        locks=locks.busy,
         pending=pendings.PendingPods(alive=_pending_alive(source)),
         read_pod=_pod_reader(source, kube),
     )

@@ -157,6 +157,17 @@ NODE_CHOICES = ("extender", "rank", "blend")
 """
 DEFAULT_NODE_CHOICE = "extender"
 
+DEFAULT_LOCK_MARGIN = 0.05
+"""``lock_margin``: among the nodes scoring within this fraction of the score scale of the best,
+prefer one whose HAMi node lock is free (``policy.lockchoice``, docs/node-choice.md); 0 = the
+policy's choice exactly. A performance setting, in [0, 1].
+
+0.05 (5 points of 100): in the FGD benchmark with the lock window modelled
+(``bench/bench_lockmargin.py``) it cost no policy any U(100), while fgd-lookahead's bursts bound
+in a third of the time (most of its nodes near the best score alike); binpack, which keeps one
+partly filled node per shape, barely moves at 0.05, and wider margins mostly move binpack's pods
+off the node it packs."""
+
 
 # ----------------------------------------------------------------------------- learned target workload
 

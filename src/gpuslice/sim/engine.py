@@ -24,6 +24,10 @@ live weights drift far enough, so cached scores survive between snapshots. While
 untrusted (fewer than ``min_count`` requests), a policy that learns the workload
 (``registry.learns_workload``) is replaced, for node scores and card choice, by the settings'
 ``fallback`` policy, as the extender's ``scheduling.Policies`` does (``pod``: kept, with no workload).
+
+With a ``lockwindow.LockModel`` the pods arrive in bursts on a clock and each GPU placement holds
+its node's HAMi lock for a window; the choice then goes through the extender's lock-aware rule
+(``policy.lockchoice``) with the model's margin (margin 0: the same placements).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from gpuslice.cache import shapes
 from gpuslice.model import allocations, nodes
 from gpuslice.model import config as model_config
 from gpuslice.policy import columns, fit, registry, shares, vectorfit
-from gpuslice.sim import cluster, trace
+from gpuslice.sim import cluster, lockwindow, trace
 
 ShapeKey = tuple[int, int, int, tuple[str, ...]]
 
@@ -144,6 +148,10 @@ class Scorer:
 
     def best(self, pod: trace.TracePod, cand: np.ndarray) -> int:
         """The chosen node among the feasible ``cand`` (ascending rank)."""
+        return int(cand[int(np.argmax(self.stepped(pod, cand)))])  # the first maximum: the lowest rank
+
+    def stepped(self, pod: trace.TracePod, cand: np.ndarray) -> np.ndarray:
+        """The scores of the feasible ``cand`` (ascending rank), after the policy's candidate step."""
         key = (pod.cpu_milli, pod.share, pod.count, pod.types)
         entry = self._cache.get(key)
         n = len(self.live)
@@ -164,8 +172,8 @@ class Scorer:
                 self._node_cost = _ema(self._node_cost, (time.perf_counter() - start) / len(stale))
             entry.seen[stale] = version[stale]
             self.calls += len(stale)
-        scores = shares.normalize(self.policy, entry.score[cand], self.ctx)
-        return int(cand[int(np.argmax(scores))])  # the first maximum: the lowest rank
+        stepped: np.ndarray = shares.normalize(self.policy, entry.score[cand], self.ctx)
+        return stepped
 
     @property
     def mirror(self) -> LiveColumns:
@@ -221,6 +229,8 @@ class Placer:
             shape is observed before the pod is scored, ``ctx.workload`` is the histogram's
             snapshot, and its settings' ``fallback`` stands in for a learning policy until it is
             trusted.
+        locks: when given, HAMi's node lock (``lockwindow``): a GPU pod goes where the lock-aware
+            rule puts it at the clock ``locks.now`` (``NodeLocks.arrive``) and takes its node's lock.
     """
 
     def __init__(
@@ -229,8 +239,10 @@ class Placer:
         policy: registry.Policy,
         ctx: registry.Context,
         histogram: shapes.ShapeHistogram | None = None,
+        locks: lockwindow.NodeLocks | None = None,
     ) -> None:
         self.live = live
+        self.locks = locks
         self.policy = policy
         self.ctx = ctx
         self.histogram = histogram
@@ -295,12 +307,20 @@ class Placer:
         policy, scorer = self.current()
         if scorer is not self.scorer:
             self.fallback_pods += 1
-        j = scorer.best(pod, cand)
+        locks = self.locks if pod.count > 0 else None  # a pod without GPUs takes no node lock
+        moved = False
+        if locks is None:
+            j = scorer.best(pod, cand)
+        else:
+            k, moved = locks.choose(scorer.stepped(pod, cand), cand)
+            j = int(cand[k])
         state = self.live.states[j]
         placed = fit.place(state, pod.request, shares.PodBound(policy, pod.request), self.ctx)
         if placed.allocation is None:
             raise PlacementMismatchError(f"pod {pod.name} on {state.name}: {placed.status.reasons}")
         self.live.commit(j, placed.allocation, shares.demand(pod.request).tag)
+        if locks is not None:
+            locks.take(j, moved)
         return j, placed.allocation
 
     def remove(self, j: int, pod: trace.TracePod, alloc: allocations.PodAllocation) -> None:
@@ -320,6 +340,7 @@ class Outcome:
         score_calls: how many times the policy (or its fallback) scored a node.
         snapshots: target-workload snapshots taken (online; 0 for the oracle).
         fallback_pods: pods placed by the fallback policy (online, histogram untrusted).
+        locks: what the node locks did (``lockwindow.Stats``), when the run modelled them.
     """
 
     arrived: np.ndarray
@@ -329,6 +350,7 @@ class Outcome:
     score_calls: int
     snapshots: int = 0
     fallback_pods: int = 0
+    locks: lockwindow.Stats | None = None
 
 
 def run(
@@ -338,12 +360,16 @@ def run(
     policy: registry.Policy,
     ctx: registry.Context,
     histogram: shapes.ShapeHistogram | None = None,
+    lock: lockwindow.LockModel | None = None,
 ) -> Outcome:
     """Place ``pods[seq[0]], pods[seq[1]], ...`` once each on the nodes (given in rank order).
 
     With ``histogram``, the target workload is built online from the arriving pods (``Placer``).
+    With ``lock``, the pods arrive in bursts and every placement locks its node for a window; the
+    choice is lock-aware with the model's margin (``lockwindow``).
     """
-    placer = Placer(cluster.Cluster(inventories), policy, ctx, histogram)
+    locks = None if lock is None else lockwindow.NodeLocks(len(inventories), lock)
+    placer = Placer(cluster.Cluster(inventories), policy, ctx, histogram, locks)
     arrived = np.zeros(len(seq), np.int64)
     used = np.zeros(len(seq), np.int64)
     failed: list[int] = []
@@ -352,6 +378,8 @@ def run(
     for k, i in enumerate(seq.tolist()):
         pod = pods[i]
         total_arrived += pod.gpu_milli
+        if locks is not None:
+            locks.arrive(k)
         if placer.place(pod) is None:
             failed.append(k)
         else:
@@ -359,6 +387,15 @@ def run(
         arrived[k] = total_arrived
         used[k] = total_used
     snapshots = 0 if histogram is None else histogram.snapshots
+    if locks is not None:
+        locks.finish()
     return Outcome(
-        arrived, used, failed, placer.live.capacity_milli, placer.score_calls, snapshots, placer.fallback_pods
+        arrived,
+        used,
+        failed,
+        placer.live.capacity_milli,
+        placer.score_calls,
+        snapshots,
+        placer.fallback_pods,
+        None if locks is None else locks.stats,
     )

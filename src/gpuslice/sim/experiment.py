@@ -16,7 +16,7 @@ import numpy as np
 from gpuslice.cache import shapes
 from gpuslice.model import config as model_config
 from gpuslice.policy import registry
-from gpuslice.sim import engine, metrics, trace, workload
+from gpuslice.sim import engine, lockwindow, metrics, trace, workload
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -28,7 +28,11 @@ as ``gpuslice serve`` does, a decayed histogram of the pods seen so far (``engin
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One run to do (``settings``: how the online workload is learned; unused by the oracle)."""
+    """One run to do (``settings``: how the online workload is learned; unused by the oracle).
+
+    ``lock``: HAMi's node lock modelled (bursts, a lock window per placement, the lock-aware choice
+    with its margin; ``lockwindow``); None: no locks, the paper's protocol.
+    """
 
     policy: str
     seed: int
@@ -37,6 +41,7 @@ class Job:
     tune: float = 1.3
     workload: str = "oracle"
     settings: model_config.WorkloadSettings = model_config.DEFAULT_WORKLOAD
+    lock: lockwindow.LockModel | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +60,9 @@ class Result:
         settings: the learned-workload settings of an online run (None for the oracle).
         snapshots: target-workload snapshots an online run took.
         fallback_pods: pods an online run placed with the fallback policy.
+        lock: the lock model of the run (None: no locks).
+        locks: what the node locks did (None: no locks).
+        first_failure_milli: milli-GPU allocated when the first pod did not fit (None: none failed).
     """
 
     policy: str
@@ -68,6 +76,9 @@ class Result:
     settings: model_config.WorkloadSettings | None = None
     snapshots: int = 0
     fallback_pods: int = 0
+    lock: lockwindow.LockModel | None = None
+    locks: lockwindow.Stats | None = None
+    first_failure_milli: int | None = None
 
     def unallocated(self, x: int) -> float:
         """U(x) in percent."""
@@ -83,6 +94,11 @@ class Result:
                 "workload_snapshots": self.snapshots,
                 "fallback_pods": self.fallback_pods,
             }
+        if self.lock is not None and self.locks is not None:
+            extra["lock_model"] = dataclasses.asdict(self.lock)
+            extra["locks"] = self.locks.as_json()
+            first = self.first_failure_milli
+            extra["gpus_at_first_failure"] = None if first is None else first / 1000
         return {
             "policy": self.policy,
             "seed": self.seed,
@@ -120,7 +136,7 @@ def run_job(job: Job) -> Result:
         capacity=registry.model_capacity(d.type for inv in inventories for d in inv.devices),
     )
     start = time.perf_counter()
-    out = engine.run(ranked, w, arr.seq, policy, ctx, histogram)
+    out = engine.run(ranked, w, arr.seq, policy, ctx, histogram, job.lock)
     wall = time.perf_counter() - start
     failed: dict[tuple[int, int, int], int] = {}
     for k in out.failed:
@@ -140,6 +156,9 @@ def run_job(job: Job) -> Result:
         job.settings if histogram is not None else None,
         out.snapshots,
         out.fallback_pods,
+        job.lock,
+        out.locks,
+        int(out.used[out.failed[0]]) if out.failed else None,
     )
 
 

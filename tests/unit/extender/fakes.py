@@ -384,7 +384,9 @@ def make_deps(
     log = logs.Log(settings.verbosity)
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
     policies = scheduling.Policies.build(settings.node_policy, settings.card_policy, settings.node_choice)
-    policies = dataclasses.replace(policies, job_label=settings.job_label)  # as serve.build sets it
+    policies = dataclasses.replace(  # as serve.build sets them
+        policies, job_label=settings.job_label, lock_margin=settings.lock_margin
+    )
     events = RecordedEvents()
     binder = binder or FakeBinder()
     flow = binds.BindFlow(
