@@ -36,7 +36,6 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -44,6 +43,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from gpuslice.devcluster import pki
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """Repository root (``src/gpuslice/devcluster/`` is three levels below it)."""
@@ -167,21 +168,6 @@ _OPENER = urllib.request.build_opener(
 )
 
 
-def _kubeconfig_text(server: str, user: str, token: str) -> str:
-    """Render a token kubeconfig for ``server`` (no CA: TLS verification is skipped)."""
-    return (
-        "apiVersion: v1\n"
-        "kind: Config\n"
-        "clusters:\n"
-        f"- name: local\n  cluster:\n    server: {json.dumps(server)}\n    insecure-skip-tls-verify: true\n"
-        "users:\n"
-        f"- name: {user}\n  user:\n    token: {json.dumps(token)}\n"
-        "contexts:\n"
-        f"- name: local\n  context:\n    cluster: local\n    user: {user}\n"
-        "current-context: local\n"
-    )
-
-
 class _Process:
     """A started child process and its log file."""
 
@@ -257,7 +243,7 @@ class ControlPlane:
         self._server = ""
         self._etcd_url = ""
         self._atexit_registered = False
-        self._ca_lock = threading.Lock()
+        self._ca: pki.ClientCA | None = None
 
     # ----------------------------------------------------------------- properties
 
@@ -403,57 +389,23 @@ class ControlPlane:
         ]
         self._apiserver = self._spawn("kube-apiserver", self._apiserver_argv, work)
         self._wait_ready()
-        (work / "kubeconfig.yaml").write_text(_kubeconfig_text(self._server, "admin", self._admin_token))
+        (work / "kubeconfig.yaml").write_text(pki.kubeconfig(self._server, "admin", token=self._admin_token))
         (work / "kubeconfig-gpuslice.yaml").write_text(
-            _kubeconfig_text(self._server, USER_NAME, self._user_token)
+            pki.kubeconfig(self._server, USER_NAME, token=self._user_token)
         )
 
     def _write_credentials(self, work: Path) -> None:
-        """Write the service-account key pair and the static token file."""
-        if shutil.which("openssl") is None:
-            raise ControlPlaneError("openssl is required to generate the service-account key pair")
-        key, pub = work / "sa.key", work / "sa.pub"
-        for cmd in (
-            ["openssl", "genrsa", "-out", str(key), "2048"],
-            ["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(pub)],
-        ):
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
-            if proc.returncode != 0:
-                raise ControlPlaneError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
-        self._make_ca(work)
-        self._sign_client(work, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ())
+        """Write the service-account key pair, the client CA and the static token file."""
+        try:
+            pki.rsa_key_pair(work / "sa.key", work / "sa.pub")
+            self._ca = pki.ClientCA(work)
+            self._ca.sign("apiserver-kubelet-client", "kube-apiserver-kubelet-client")
+        except pki.PkiError as exc:
+            raise ControlPlaneError(str(exc)) from exc
         # token,user,uid,"group1,group2"
         (work / "tokens.csv").write_text(
             f'{self._admin_token},admin,admin,"system:masters"\n{self._user_token},{USER_NAME},{USER_NAME}\n'
         )
-
-    @staticmethod
-    def _openssl(*args: str) -> None:
-        proc = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)  # noqa: S603, S607
-        if proc.returncode != 0:
-            raise ControlPlaneError(f"openssl {' '.join(args)} failed: {proc.stderr.strip()}")
-
-    def _make_ca(self, work: Path) -> None:
-        """The cluster CA (``ca.crt``/``ca.key``, EC P-256, one day) for client certificates."""
-        self._openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(work / "ca.key"))
-        self._openssl(
-            "req", "-x509", "-new", "-key", str(work / "ca.key"), "-out", str(work / "ca.crt"),
-            "-days", "2", "-subj", "/CN=gpuslice-test-ca",
-        )  # fmt: skip
-
-    def _sign_client(self, work: Path, stem: str, user: str, groups: Sequence[str]) -> tuple[Path, Path]:
-        """A client certificate for ``user`` in ``groups`` (CN and O, as Kubernetes reads them)."""
-        key, csr, crt = work / f"{stem}.key", work / f"{stem}.csr", work / f"{stem}.crt"
-        subject = "".join(f"/O={group}" for group in groups) + f"/CN={user}"
-        self._openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key))
-        self._openssl("req", "-new", "-key", str(key), "-out", str(csr), "-subj", subject)
-        with self._ca_lock:  # the CA's serial file is read and rewritten by every signature
-            self._openssl(
-                "x509", "-req", "-in", str(csr), "-CA", str(work / "ca.crt"), "-CAkey", str(work / "ca.key"),
-                "-CAcreateserial", "-out", str(crt), "-days", "2",
-            )  # fmt: skip
-        csr.unlink()
-        return crt, key
 
     def client_kubeconfig(self, user: str, groups: Sequence[str] = ()) -> Path:
         """A kubeconfig authenticating as ``user`` in ``groups`` with a CA-signed client certificate.
@@ -462,23 +414,12 @@ class ControlPlane:
         may do is up to the Node authorizer and RBAC, never an admin token.
         """
         self._require_started()
-        work = self.workdir
+        if self._ca is None:
+            raise ControlPlaneError("control plane has no client CA")
         stem = "client-" + "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in user)
-        crt, key = self._sign_client(work, stem, user, groups)
-        path = work / f"{stem}.kubeconfig"
-        path.write_text(
-            "apiVersion: v1\n"
-            "kind: Config\n"
-            "clusters:\n"
-            f"- name: local\n  cluster:\n    server: {json.dumps(self._server)}\n"
-            "    insecure-skip-tls-verify: true\n"
-            "users:\n"
-            f"- name: {json.dumps(user)}\n  user:\n    client-certificate: {json.dumps(str(crt))}\n"
-            f"    client-key: {json.dumps(str(key))}\n"
-            "contexts:\n"
-            f"- name: local\n  context:\n    cluster: local\n    user: {json.dumps(user)}\n"
-            "current-context: local\n"
-        )
+        cert, key = self._ca.sign(stem, user, groups)
+        path = self.workdir / f"{stem}.kubeconfig"
+        path.write_text(pki.kubeconfig(self._server, user, cert=cert, key=key))
         return path
 
     @property
