@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import ssl
 import time
-from collections.abc import Iterator
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
 
 import pytest
+import yaml
 
 from gpuslice.devcluster.controlplane import USER_NAME, ControlPlane, pinned_versions
 
@@ -28,11 +33,40 @@ def test_version_is_pinned(cp: ControlPlane) -> None:
 
 
 def test_kubeconfigs_name_server_and_tokens(cp: ControlPlane) -> None:
-    admin = cp.kubeconfig.read_text()
-    user = cp.user_kubeconfig.read_text()
-    assert cp.server in admin and cp.admin_token in admin
-    assert cp.server in user and cp.user_token in user and f"name: {USER_NAME}" in user
+    admin = yaml.safe_load(cp.kubeconfig.read_text())
+    user = yaml.safe_load(cp.user_kubeconfig.read_text())
+    for config, name, token in ((admin, "admin", cp.admin_token), (user, USER_NAME, cp.user_token)):
+        assert config["clusters"][0]["cluster"]["server"] == cp.server
+        assert config["users"] == [{"name": name, "user": {"token": token}}]
+        assert config["contexts"][0]["context"]["user"] == name
     assert cp.server.startswith("https://127.0.0.1:")
+
+
+def test_client_certificates_are_confined_by_the_node_authorizer(cp: ControlPlane) -> None:
+    """A kubelet's certificate (system:node:<name>) reaches its own Node, not another's Secrets."""
+    path = cp.client_kubeconfig("system:node:cert-node-0", ["system:nodes"])
+    config = yaml.safe_load(path.read_text())
+    user = config["users"][0]["user"]
+    context = ssl.create_default_context(cafile=None)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.load_cert_chain(user["client-certificate"], user["client-key"])
+
+    def call(method: str, path: str, body: Mapping[str, object] | None = None) -> int:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(cp.server + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, context=context, timeout=10) as resp:  # noqa: S310 - loopback
+                return int(resp.status)
+        except urllib.error.HTTPError as err:
+            return int(err.code)
+
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cert-node-0"}}
+    assert call("POST", "/api/v1/nodes", node) == 201  # a kubelet registers its own node
+    assert call("GET", "/api/v1/nodes/cert-node-0") == 200
+    assert call("GET", "/api/v1/namespaces/default/secrets") == 403
+    cp.api_request("DELETE", "/api/v1/nodes/cert-node-0")
 
 
 def test_node_capacity_set_through_status(cp: ControlPlane) -> None:
