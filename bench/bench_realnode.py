@@ -15,8 +15,11 @@ Each configuration creates a burst of ``--pods`` pods (``nvidia.com/gpu: 1``,
 * where the pods went (pods per node), and gpuslice's lock waits (``/metrics``).
 
 Configurations: gpuslice with ``binpack`` and ``spread`` node policies, each with the
-``extender`` and ``rank`` node choices, binpack with ``--lock-margin`` (prefer a node whose lock
-is free among those scoring within the margin), and **kube-scheduler alone** on the same nodes
+``extender`` and ``rank`` node choices and ``--lock-margin 0`` (the policy's node, lock or not),
+binpack with margins 0.05 (the default) and 0.2 (prefer a node whose lock is free among those
+scoring within the margin); the same with the device plugin held to HAMi's client-side API rate
+(client-go's default 5 QPS, burst 10, which makes each ``Allocate`` wait for its own API calls as
+HAMi's does); and **kube-scheduler alone** on the same nodes
 with pods that ask for no GPU (the nodes' own floor: scheduling, sandbox, CNI, runc; GPU pods
 cannot run without gpuslice's annotations, so no GPU request is the only like-for-like baseline).
 Timestamps from the API have one-second resolution; rates use the client's clock for creation
@@ -63,9 +66,10 @@ HAMI_RATE = ("--kube-qps", "5", "--kube-burst", "10")
 
 
 def _config(
-    policy: str, choice: str, *more: str, plugin: tuple[str, ...] = FAST
+    policy: str, choice: str, margin: str = "0", plugin: tuple[str, ...] = FAST
 ) -> tuple[list[str], list[str], bool, tuple[str, ...]]:
-    return ["--node-policy", policy, "--node-choice", choice, *more], ["--node-choice", choice], True, plugin
+    serve = ["--node-policy", policy, "--node-choice", choice, "--lock-margin", margin]
+    return serve, ["--node-choice", choice], True, plugin
 
 
 # name -> (serve flags, render flags, asks for a GPU, device-plugin flags). The extender lists the
@@ -73,17 +77,17 @@ def _config(
 # none: the first configuration is kube-scheduler alone.
 CONFIGS: dict[str, tuple[list[str], list[str], bool, tuple[str, ...]]] = {
     "kube-scheduler alone (no GPU)": ([], [], False, FAST),
-    "binpack, extender": _config("binpack", "extender"),
-    "spread, extender": _config("spread", "extender"),
-    "binpack, rank": _config("binpack", "rank"),
-    "spread, rank": _config("spread", "rank"),
-    "binpack, extender, lock margin": _config("binpack", "extender", "--lock-margin", "0.1"),
-    "HAMi rate: binpack, extender": _config("binpack", "extender", plugin=HAMI_RATE),
-    "HAMi rate: spread, extender": _config("spread", "extender", plugin=HAMI_RATE),
-    "HAMi rate: binpack, rank": _config("binpack", "rank", plugin=HAMI_RATE),
-    "HAMi rate: binpack, extender, lock margin": _config(
-        "binpack", "extender", "--lock-margin", "0.1", plugin=HAMI_RATE
-    ),
+    "binpack, extender, margin 0": _config("binpack", "extender"),
+    "spread, extender, margin 0": _config("spread", "extender"),
+    "binpack, rank, margin 0": _config("binpack", "rank"),
+    "spread, rank, margin 0": _config("spread", "rank"),
+    "binpack, extender, margin 0.05": _config("binpack", "extender", "0.05"),
+    "binpack, extender, margin 0.2": _config("binpack", "extender", "0.2"),
+    "HAMi rate: binpack, extender, margin 0": _config("binpack", "extender", plugin=HAMI_RATE),
+    "HAMi rate: spread, extender, margin 0": _config("spread", "extender", plugin=HAMI_RATE),
+    "HAMi rate: binpack, rank, margin 0": _config("binpack", "rank", plugin=HAMI_RATE),
+    "HAMi rate: binpack, extender, margin 0.05": _config("binpack", "extender", "0.05", plugin=HAMI_RATE),
+    "HAMi rate: binpack, extender, margin 0.2": _config("binpack", "extender", "0.2", plugin=HAMI_RATE),
 }
 
 
@@ -222,13 +226,23 @@ def clear(cp: ControlPlane, ns: str) -> None:
         time.sleep(0.5)
 
 
+def save(args: argparse.Namespace, costs: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> None:
+    """Write the run so far (after every burst: a later failure keeps what was measured)."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    saved = {"pods": args.pods, "reps": args.reps, "machine": MACHINE, "node_cost": costs, "results": results}
+    args.out.write_text(json.dumps(saved, indent=2))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=20, help="pods per burst")
     parser.add_argument("--reps", type=int, default=2, help="bursts per configuration")
     parser.add_argument("--threads", type=int, default=4, help="creating threads")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/bench_realnode.json"))
+    parser.add_argument("--report", action="store_true", help="only print the table of the saved --out")
     args = parser.parse_args()
+    if args.report:
+        return report(args.out)
     problems = realnode.host_problems()
     if problems:
         raise SystemExit("cannot run real nodes here: " + "; ".join(problems))
@@ -267,6 +281,7 @@ def main() -> int:
                         total, count = (b - a for a, b in zip(binds0, bind_seconds(ext), strict=True))
                         row["bind_mean_ms"] = 1e3 * total / count if count else 0.0
                         results.setdefault(config, []).append(row)
+                        save(args, costs, results)
                         print(f"{config:42s} rep {rep}: {json.dumps(row)}", flush=True)
                         clear(cp, ns)
                 finally:
@@ -276,37 +291,36 @@ def main() -> int:
             for n in nodes:
                 n.stop()
     root.rmdir()
-    print(f"\n{args.pods}-pod bursts, {args.reps} per configuration, 2 real nodes ({MACHINE}, "
-          f"gpuslice's device plugin); medians over bursts")  # fmt: skip
+    return report(args.out)
+
+
+METRICS = ("bound_per_s", "running_per_s", "latency_median_s", "latency_p90_s", "bind_mean_ms", "lock_waits")
+
+
+def report(path: pathlib.Path) -> int:
+    """Print the table of a run's JSON (medians over each configuration's bursts)."""
+    saved = json.loads(path.read_text())
+    print(
+        f"\n{saved['pods']}-pod bursts, {saved['reps']} per configuration, 2 real nodes ({saved['machine']}, "
+        "gpuslice's device plugin); medians over bursts"
+    )
     header = f"{'configuration':42s} {'bound/s':>8s} {'running/s':>9s} {'lat p50':>8s} {'lat p90':>8s}"
     print(header + f" {'bind ms':>8s} {'lock waits':>10s}  pods per node")
-    table = {}
-    for config, rows in results.items():
-        med = {
-            k: statistics.median(r[k] for r in rows)
-            for k in ("bound_per_s", "running_per_s", "latency_median_s", "latency_p90_s", "lock_waits")
-        }
-        spread = " / ".join(str(r["nodes"]) for r in rows)
-        table[config] = {**med, "bursts": rows}
+    for config, rows in saved["results"].items():
+        med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in METRICS}
+        spread = " / ".join(",".join(str(n) for n in r["nodes"].values()) for r in rows)
         print(
             f"{config:42s} {med['bound_per_s']:8.2f} {med['running_per_s']:9.2f} "
             f"{med['latency_median_s']:7.1f}s {med['latency_p90_s']:7.1f}s {med['bind_mean_ms']:8.0f} "
             f"{med['lock_waits']:10.0f}  {spread}"
         )
-    print("\nper node (idle, after start): " + json.dumps(costs))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {"pods": args.pods, "reps": args.reps, "machine": MACHINE, "node_cost": costs, "results": table},
-            indent=2,
-        )
-    )
-    print(f"wrote {args.out}")
+    print("\nper node, resident memory when idle (MiB): " + json.dumps(saved.get("node_cost", {})))
+    print(f"from {path}")
     return 0
 
 
 def node_cost(node: realnode.RealNode) -> dict[str, float]:
-    """Resident memory (MiB) of the node's own processes, and its start-up disk footprint."""
+    """Resident memory (MiB) of the node's own processes: containerd, kubelet, the device plugin."""
 
     def rss(pid: int) -> float:
         try:

@@ -23,6 +23,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
 source "$HERE/versions.env"
+# shellcheck source=k8s-ldflags.sh
+source "$HERE/k8s-ldflags.sh"
 : "${K8S_VERSION:?versions.env must set K8S_VERSION}" "${ETCD_VERSION:?versions.env must set ETCD_VERSION}"
 
 CACHE_ROOT=${GPUSLICE_CACHE_DIR:-$HOME/.cache/gpuslice}/control-plane
@@ -31,8 +33,6 @@ DEST=$CACHE_ROOT/$NAME
 BIN=$DEST/bin
 JOBS=${GPUSLICE_BUILD_JOBS:-2}
 
-K8S_MINOR=${K8S_VERSION#v1.}
-K8S_MINOR=${K8S_MINOR%%.*}
 STAGING_VERSION=v0.${K8S_VERSION#v1.}   # published tag of every staging module (v1.34.4 -> v0.34.4)
 
 log() { echo "build.sh: $*" >&2; }
@@ -106,7 +106,7 @@ check_pins() {
 build() {
     command -v go >/dev/null || die "go not found in PATH (need Go >= the wrapper modules' go lines)"
     check_pins
-    local tmp start date_k8s date_etcd ldf_k8s ldf_etcd p
+    local tmp start ldf_k8s ldf_etcd
     start=$SECONDS
     tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$NAME-XXXXXX")
     # shellcheck disable=SC2064  # expand now: the trap must remove this very directory
@@ -115,16 +115,7 @@ build() {
     trap 'exit 143' TERM
     log "building $NAME with $(go version | cut -d' ' -f3) (-p $JOBS); a cold build (empty GOCACHE) takes ~5-20 min on 2 cores"
 
-    # Reproducible stamps: the release's commit time from the module proxy instead of `date`.
-    date_k8s=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
-        sed -n 's/^[[:space:]]*"Info": "\(.*\)",\{0,1\}$/\1/p' | xargs cat |
-        sed -n 's/.*"Time":"\([^"]*\)".*/\1/p')
-    [[ -n $date_k8s ]] || date_k8s=1970-01-01T00:00:00Z
-    ldf_k8s="-s -w"
-    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-        ldf_k8s+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$K8S_MINOR"
-        ldf_k8s+=" -X $p.gitTreeState=clean -X $p.buildDate=$date_k8s"
-    done
+    ldf_k8s=$(k8s_ldflags "$HERE/k8s" "$K8S_VERSION")
     ldf_etcd="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION"
 
     mkdir -p "$tmp/bin"

@@ -11,6 +11,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CP=$HERE/../control-plane
 # shellcheck source=../control-plane/versions.env
 source "$CP/versions.env"
+# shellcheck source=../control-plane/k8s-ldflags.sh
+source "$CP/k8s-ldflags.sh"
 : "${K8S_VERSION:?versions.env must set K8S_VERSION}"
 
 CACHE_ROOT=${GPUSLICE_CACHE_DIR:-$HOME/.cache/gpuslice}/node
@@ -19,8 +21,6 @@ NAME=kubelet-${K8S_VERSION}-pause-${PAUSE_SUM}
 DEST=$CACHE_ROOT/$NAME
 BIN=$DEST/bin
 JOBS=${GPUSLICE_BUILD_JOBS:-2}
-K8S_MINOR=${K8S_VERSION#v1.}
-K8S_MINOR=${K8S_MINOR%%.*}
 
 log() { echo "node/build.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -38,21 +38,13 @@ build() {
     command -v gcc >/dev/null || die "gcc not found (hack/node/install.sh installs it)"
     grep -q "k8s.io/kubernetes/cmd/kubelet" "$CP/k8s/go.mod" ||
         die "hack/control-plane/k8s/go.mod lacks the kubelet tool; run hack/control-plane/build.sh --regen"
-    local tmp start date_k8s ldf p
+    local tmp start ldf
     start=$SECONDS
     tmp=$(mktemp -d "$CACHE_ROOT/.tmp-$NAME-XXXXXX")
     # shellcheck disable=SC2064  # expand now: the trap must remove this very directory
     trap "rm -rf '$tmp'" EXIT
     log "building $NAME with $(go version | cut -d' ' -f3) (-p $JOBS)"
-    date_k8s=$(go -C "$CP/k8s" mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
-        sed -n 's/^[[:space:]]*"Info": "\(.*\)",\{0,1\}$/\1/p' | xargs cat |
-        sed -n 's/.*"Time":"\([^"]*\)".*/\1/p')
-    [[ -n $date_k8s ]] || date_k8s=1970-01-01T00:00:00Z
-    ldf="-s -w"
-    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-        ldf+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$K8S_MINOR"
-        ldf+=" -X $p.gitTreeState=clean -X $p.buildDate=$date_k8s"
-    done
+    ldf=$(k8s_ldflags "$CP/k8s" "$K8S_VERSION")
     mkdir -p "$tmp/bin"
     (cd "$CP/k8s" && go build -p "$JOBS" -trimpath -ldflags "$ldf" -o "$tmp/bin/" k8s.io/kubernetes/cmd/kubelet)
     gcc -static -Os -s -o "$tmp/bin/pause" "$HERE/pause.c"
