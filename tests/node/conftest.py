@@ -238,6 +238,8 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeClust
         for node in nodes.values():
             node.stop()
         cp.stop()
+        if root.exists() and not any(root.iterdir()):
+            root.rmdir()
 
 
 @pytest.fixture
