@@ -50,7 +50,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuslice.devcluster import devcluster, realnode
+from gpuslice.devcluster import devcluster, nodeplugins, realnode
 from gpuslice.devcluster.controlplane import ControlPlane
 
 SCHEDULER = "gpuslice-scheduler"
@@ -249,7 +249,7 @@ def main() -> int:
     results: dict[str, list[dict[str, Any]]] = {}
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-realnode-"))
     root = pathlib.Path(tempfile.mkdtemp(prefix="gsn-", dir="/tmp"))
-    plugin = realnode.gpuslice_plugin("nvml")
+    plugin = nodeplugins.gpuslice_plugin("nvml")
     with ControlPlane() as cp:
         nodes = [
             realnode.RealNode(
@@ -264,7 +264,7 @@ def main() -> int:
             for config, (serve, render, gpu, flags) in CONFIGS.items():
                 if flags != plugin_flags:
                     for node in nodes:
-                        node.plugin_command = realnode.gpuslice_plugin("nvml", extra_args=flags)
+                        node.plugin_command = nodeplugins.gpuslice_plugin("nvml", extra_args=flags)
                         node.restart_plugin()
                     plugin_flags = flags
                 ext = devcluster.Extender(cp.kubeconfig, work / "gpuslice.log", extra_args=serve).start()

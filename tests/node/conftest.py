@@ -8,7 +8,7 @@ the apiserver (``pods/log``, served by the node's kubelet).
 
 The device plugin is gpuslice's own (``gpuslice.devcluster.deviceplugin``) reading its cards
 through NVML from the fake ``libnvidia-ml.so.1`` (``hack/fake-nvml``). ``GPUSLICE_NODE_PLUGIN``
-names another plugin command (an executable run with the environment ``realnode.external_plugin``
+names another plugin command (an executable run with the environment ``nodeplugins.external_plugin``
 documents), HAMi's own among them (``docs/real-nodes.md``); nothing here assumes which one runs.
 
 The machine must be able to run real nodes (root, the Debian packages ``hack/node/install.sh``
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from gpuslice.codec import keys
-from gpuslice.devcluster import devcluster, realnode
+from gpuslice.devcluster import devcluster, nodeplugins, realnode
 from gpuslice.devcluster.controlplane import ControlPlane
 from tests.chaos import audit
 
@@ -196,12 +196,12 @@ def gpu_pod(
     return {"metadata": meta, "spec": spec}
 
 
-def plugin_command(work: Path) -> realnode.PluginCommand:
+def plugin_command(work: Path) -> nodeplugins.PluginCommand:
     """The device plugin under test: ``GPUSLICE_NODE_PLUGIN`` or gpuslice's own over the fake NVML."""
     external = os.environ.get("GPUSLICE_NODE_PLUGIN")
     if external:
-        return realnode.external_plugin(Path(external))
-    return realnode.gpuslice_plugin("nvml")
+        return nodeplugins.external_plugin(Path(external))
+    return nodeplugins.gpuslice_plugin("nvml")
 
 
 @pytest.fixture(scope="session")

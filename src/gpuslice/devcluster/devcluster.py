@@ -35,7 +35,7 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from gpuslice.devcluster import controlplane, nodesim, realnode
+from gpuslice.devcluster import controlplane, nodeplugins, nodesim, realnode
 from gpuslice.kube import client as kclient
 
 _STOP_GRACE_S = 10.0
@@ -634,9 +634,9 @@ def cluster(
         real: list[realnode.RealNode] = []
         if real_nodes:
             plugin = (
-                realnode.external_plugin(device_plugin)
+                nodeplugins.external_plugin(device_plugin)
                 if device_plugin is not None
-                else realnode.gpuslice_plugin("nvml")
+                else nodeplugins.gpuslice_plugin("nvml")
             )
             root = Path(tempfile.mkdtemp(prefix="gsn-", dir="/tmp"))  # short: unix socket paths
             stack.callback(lambda: root.rmdir() if root.exists() and not any(root.iterdir()) else None)

@@ -3,30 +3,27 @@
 Each ``RealNode`` is a node as a GPU cluster runs it, minus the GPUs:
 
 - **containerd** (Debian's 1.6 package, with ``containerd-shim-runc-v2`` and runc) with its own
-  ``root``, ``state`` and socket under the node's directory, the CRI plugin's ``sandbox_image``
-  naming a pause image built here (no registry is reachable: ``devcluster.ociimage``), and
-  ``restrict_oom_score_adj`` on (root on a test machine may lack ``CAP_SYS_RESOURCE``, and the
-  sandbox asks for ``oom_score_adj -998``);
-- **CNI**: a ``bridge`` (one per node, its own private /24) with ``host-local`` IPAM, then
-  ``portmap``, plus ``loopback``; pods live in their own network namespaces (kept under
-  containerd's state dir) and their IPs are routable from this machine through the bridge;
+  ``root``, ``state`` and socket under the node's directory, and a pause image built here (no
+  registry is reachable: ``devcluster.ociimage``); the settings are ``devcluster.nodeconfig``'s;
+- **CNI**: a ``bridge`` (one per node, its own private /24 of ``10.177.0.0/16``) with
+  ``host-local`` IPAM, then ``portmap``, plus ``loopback``; pods live in their own network
+  namespaces and their IPs are routable from this machine through the bridge, whose ``.1`` is the
+  node's address (kubelet refuses a loopback node IP);
 - **kubelet** v1.34 built from the control plane's module (``hack/node/build.sh``), registered
   with its own client certificate (user ``system:node:<name>``, group ``system:nodes``, confined
-  by the Node authorizer), ``cgroupfs`` driver under a cgroup root of its own
-  (``/gpuslice/<name>``), serving on loopback on ports of its own;
-- a **device plugin** on kubelet's device-plugin API. Kubelet's plugin directory is fixed at
+  by the Node authorizer), ``cgroupfs`` under a cgroup root of its own (``/gpuslice/<name>``),
+  serving on the node's address with ports of its own;
+- a **device plugin** on kubelet's device-plugin API (``devcluster.nodeplugins``: gpuslice's own
+  or any other command, HAMi's among them). kubelet's plugin directory is fixed at
   ``/var/lib/kubelet/device-plugins`` whatever ``--root-dir`` says
   (``k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/constants.go``), so each node gets a mount
   namespace of its own, held open by a small holder process, in which that path is a bind mount
   of the node's own directory; kubelet and the plugin both run inside it. The node's directory is
-  a shared mount, so what kubelet mounts there (volumes) reaches containerd.
-
-The plugin is a command (``PluginCommand``): gpuslice's own (``gpuslice.devcluster.deviceplugin``)
-by default, or any other, HAMi's among them, given its argv and environment
-(``docs/real-nodes.md``). It gets ``NODE_NAME`` and ``KUBECONFIG`` (a certificate for the user
-``gpuslice:device-plugin:<node>`` with the RBAC a device plugin needs), and the host paths it hands
-to containers: placeholder device nodes (``dev/nvidia<i>``, ``nvidiactl``, ``nvidia-uvm`` with
-NVIDIA's major numbers), a ``libvgpu.so`` and an ``ld.so.preload`` under ``hami/``.
+  a shared mount, so what kubelet mounts there (volumes) reaches containerd;
+- **GPUs**: a machine shape of the agent's fake backend served through NVML by the fake
+  ``libnvidia-ml.so.1`` (``devcluster.fakenvml``), placeholder device nodes (``dev/nvidia<i>``,
+  ``nvidiactl``, ``nvidia-uvm``, NVIDIA's major number) and HAMi-core placeholders
+  (``hami/libvgpu.so``, ``hami/ld.so.preload``) for the plugin to hand to containers.
 
 Every process is started here and stopped by its own pid; processes the node's containerd forks
 (shims and containers) are found through the node's cgroups and stopped by their pids too; mounts
@@ -42,17 +39,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-import msgspec
-
 from gpuslice.agent import fake
-from gpuslice.devcluster import fakenvml, ociimage
+from gpuslice.devcluster import fakenvml, nodeconfig, nodeplugins, ociimage
 from gpuslice.devcluster.controlplane import REPO_ROOT, ControlPlane, ControlPlaneError, built_path
 
 NODE_DIR = REPO_ROOT / "hack" / "node"
@@ -70,8 +64,6 @@ CONTAINERD_NAMESPACE = "k8s.io"
 POD_SUBNET = "10.177.{index}.0/24"
 """Each node's pods take a /24 of 10.177.0.0/16, a private range that only exists on the bridges."""
 
-PLUGIN_USER = "gpuslice:device-plugin:{node}"
-PLUGIN_ROLE = "gpuslice-device-plugin"
 NVIDIA_MAJOR = 195
 """Character-device major of ``/dev/nvidia<i>`` and ``/dev/nvidiactl`` (NVIDIA's driver README)."""
 
@@ -120,86 +112,6 @@ def _run(argv: Sequence[str], what: str, timeout: float = 60.0, env: Mapping[str
     if proc.returncode != 0:
         raise NodeError(f"{what}: {' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     return proc.stdout
-
-
-class PluginContext(msgspec.Struct, frozen=True):
-    """What a device-plugin command is told about the node it serves.
-
-    Attributes:
-        node: Node name.
-        kubeconfig: The plugin's own credentials.
-        socket_dir: kubelet's device-plugin directory as the plugin sees it.
-        dev_dir: Placeholder device nodes (``nvidia<i>``, ``nvidiactl``, ``nvidia-uvm``).
-        hami_dir: Placeholder HAMi-core files: ``libvgpu.so``, ``ld.so.preload``, ``containers/``
-            (per-container shared caches), ``vgpulock/``.
-        work_dir: The node's directory.
-        cards: How many cards the node's NVML reports.
-        nvml_dir: Directory holding the ``libnvidia-ml.so.1`` the plugin should load (the fake
-            library), empty for a plugin that needs none.
-        nvml_shape: The fake library's machine file (``GPUSLICE_FAKE_NVML_SHAPE``).
-    """
-
-    node: str
-    kubeconfig: Path
-    socket_dir: Path
-    dev_dir: Path
-    hami_dir: Path
-    work_dir: Path
-    cards: int
-    nvml_dir: Path | None = None
-    nvml_shape: Path | None = None
-
-    def nvml_env(self) -> dict[str, str]:
-        """The environment that makes a process load the node's NVML library."""
-        if self.nvml_dir is None or self.nvml_shape is None:
-            return {}
-        search = [str(self.nvml_dir), *filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":"))]
-        return {"LD_LIBRARY_PATH": ":".join(search), "GPUSLICE_FAKE_NVML_SHAPE": str(self.nvml_shape)}
-
-
-PluginCommand = Callable[[PluginContext], tuple[list[str], dict[str, str]]]
-"""Argv and extra environment of a device plugin for a node (module docstring)."""
-
-
-def gpuslice_plugin(backend: str, split_count: int = 10, extra_args: Sequence[str] = ()) -> PluginCommand:
-    """The gpuslice device plugin with cards from ``backend`` (``fake:<shape>`` or ``nvml``)."""
-
-    def command(ctx: PluginContext) -> tuple[list[str], dict[str, str]]:
-        argv = [
-            sys.executable, "-m", "gpuslice.devcluster.deviceplugin",
-            "--node-name", ctx.node, "--kubeconfig", str(ctx.kubeconfig),
-            "--socket-dir", str(ctx.socket_dir), "--backend", backend,
-            "--split-count", str(split_count),
-            "--hami-dir", str(ctx.hami_dir), "--dev-dir", str(ctx.dev_dir),
-            "--lock-dir", str(ctx.hami_dir / "vgpulock"), *extra_args,
-        ]  # fmt: skip
-        return argv, ctx.nvml_env()
-
-    return command
-
-
-def external_plugin(executable: Path) -> PluginCommand:
-    """Any other device plugin, HAMi's among them, started as ``executable`` with no arguments.
-
-    It is told the node through the environment (``docs/real-nodes.md`` shows a wrapper for
-    HAMi's plugin): ``NODE_NAME``, ``KUBECONFIG``, ``GPUSLICE_NODE_DIR``, ``GPUSLICE_DEV_DIR``,
-    ``GPUSLICE_HAMI_DIR``, ``GPUSLICE_SOCKET_DIR``, ``GPUSLICE_CARDS``, and, for an NVML-based
-    plugin, ``LD_LIBRARY_PATH`` and ``GPUSLICE_FAKE_NVML_SHAPE`` naming the fake NVML library and
-    its machine.
-    """
-
-    def command(ctx: PluginContext) -> tuple[list[str], dict[str, str]]:
-        env = {
-            "GPUSLICE_NODE_DIR": str(ctx.work_dir),
-            "GPUSLICE_DEV_DIR": str(ctx.dev_dir),
-            "GPUSLICE_HAMI_DIR": str(ctx.hami_dir),
-            "GPUSLICE_SOCKET_DIR": str(ctx.socket_dir),
-            "GPUSLICE_CARDS": str(ctx.cards),
-            **ctx.nvml_env(),
-        }
-        return [str(executable)], env
-
-    return command
 
 
 class _Proc:
@@ -265,7 +177,7 @@ class RealNode:
         index: int,
         root: Path,
         *,
-        plugin: PluginCommand | None,
+        plugin: nodeplugins.PluginCommand | None,
         machine: str | None = None,
         labels: Mapping[str, str] | None = None,
         bin_dir: Path | None = None,
@@ -291,7 +203,6 @@ class RealNode:
         self.holder: _Proc | None = None
         self.kubelet: _Proc | None = None
         self.plugin: _Proc | None = None
-        self._shared_mount = False
         self._started = False
 
     # ------------------------------------------------------------------ paths
@@ -357,7 +268,6 @@ class RealNode:
         self.root.mkdir(parents=True, exist_ok=True)
         # A shared mount, so that kubelet's mounts in its namespace (volumes) reach containerd.
         _run(["mount", "--bind", str(self.root), str(self.root)], "bind the node dir")
-        self._shared_mount = True
         _run(["mount", "--make-shared", str(self.root)], "share the node dir")
         for sub in (
             "containerd",
@@ -420,77 +330,26 @@ class RealNode:
         _run(["ip", "link", "set", self.bridge, "up"], "bring the bridge up")
 
     def _write_cni(self) -> None:
-        gateway = self.host_ip
-        config = {
-            "cniVersion": "1.0.0",
-            "name": f"gpuslice-{self.name}",
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": self.bridge,
-                    "isGateway": True,
-                    "ipMasq": False,
-                    "hairpinMode": True,
-                    "ipam": {
-                        "type": "host-local",
-                        "dataDir": str(self.root / "cni" / "ipam"),
-                        "ranges": [[{"subnet": self.subnet, "gateway": gateway}]],
-                        "routes": [{"dst": "0.0.0.0/0"}],
-                    },
-                },
-                {"type": "portmap", "capabilities": {"portMappings": True}},
-            ],
-        }
-        (self.root / "cni" / "net.d" / "10-gpuslice.conflist").write_text(json.dumps(config, indent=2))
-        (self.root / "cni" / "net.d" / "99-loopback.conf").write_text(
-            json.dumps({"cniVersion": "1.0.0", "name": "lo", "type": "loopback"})
+        conf_dir = self.root / "cni" / "net.d"
+        network = nodeconfig.cni_network(
+            name=f"gpuslice-{self.name}",
+            bridge=self.bridge,
+            subnet=self.subnet,
+            gateway=self.host_ip,
+            ipam_dir=self.root / "cni" / "ipam",
         )
+        (conf_dir / "10-gpuslice.conflist").write_text(json.dumps(network, indent=2))
+        (conf_dir / "99-loopback.conf").write_text(json.dumps(nodeconfig.cni_loopback()))
 
     def _write_containerd_config(self) -> None:
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        text = f"""version = 2
-root = "{self.root / "containerd" / "root"}"
-state = "{self.root / "containerd" / "state"}"
-oom_score = 0
-
-[grpc]
-  address = "{self.containerd_socket}"
-
-[ttrpc]
-  address = "{self.root / "containerd" / "containerd.sock.ttrpc"}"
-
-[debug]
-  level = "warn"
-
-[metrics]
-  address = ""
-
-[{cri}]
-  sandbox_image = "{PAUSE_IMAGE}"
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  enable_selinux = false
-  disable_apparmor = true
-  max_container_log_line_size = 16384
-
-[{cri}.containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
-
-[{cri}.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-
-[{cri}.containerd.runtimes.runc.options]
-  SystemdCgroup = false
-  BinaryName = "{shutil.which("runc") or "runc"}"
-
-[{cri}.cni]
-  bin_dir = "/usr/lib/cni"
-  conf_dir = "{self.root / "cni" / "net.d"}"
-  max_conf_num = 1
-"""
+        text = nodeconfig.containerd_config(
+            root=self.root / "containerd" / "root",
+            state=self.root / "containerd" / "state",
+            socket=self.containerd_socket,
+            pause_image=PAUSE_IMAGE,
+            cni_conf_dir=self.root / "cni" / "net.d",
+            runc=shutil.which("runc") or "runc",
+        )
         (self.root / "containerd" / "config.toml").write_text(text)
 
     def _make_placeholders(self) -> None:
@@ -513,21 +372,10 @@ oom_score = 0
 
     def _write_credentials(self) -> None:
         self.kubelet_kubeconfig = self.plane.client_kubeconfig(f"system:node:{self.name}", ["system:nodes"])
-        user = PLUGIN_USER.format(node=self.name)
-        self.plugin_kubeconfig = self.plane.client_kubeconfig(user)
-        ensure_plugin_role(self.plane)
-        binding = {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": f"{PLUGIN_ROLE}-{self.name}"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": PLUGIN_ROLE},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        }
-        status, body = self.plane.api_request(
-            "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding
-        )
-        if status not in (201, 409):
-            raise NodeError(f"cannot bind the device plugin's role: {status} {body}")
+        try:
+            self.plugin_kubeconfig = nodeplugins.credentials(self.plane, self.name)
+        except nodeplugins.PluginSetupError as exc:
+            raise NodeError(str(exc)) from exc
 
     def _spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> _Proc:
         log_path = self.root / "logs" / f"{name}.log"
@@ -644,47 +492,15 @@ oom_score = 0
         return ["nsenter", f"--mount=/proc/{self.holder.pid}/ns/mnt", "--", *argv]
 
     def _kubelet_config(self) -> Path:
-        config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "address": self.host_ip,
-            "port": self.kubelet_port,
-            "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": self.kubelet_healthz_port,
-            "cgroupDriver": "cgroupfs",
-            "cgroupRoot": self.cgroup,
-            "failSwapOn": False,
-            "failCgroupV1": False,
-            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "imageServiceEndpoint": f"unix://{self.containerd_socket}",
-            "authentication": {
-                "anonymous": {"enabled": False},
-                "webhook": {"enabled": False},
-                "x509": {"clientCAFile": str(self.plane.ca_file)},
-            },
-            # Reached only on loopback by a client the cluster CA signed (the apiserver).
-            "authorization": {"mode": "AlwaysAllow"},
-            "evictionHard": {
-                "memory.available": "64Mi",
-                "nodefs.available": "1%",
-                "imagefs.available": "1%",
-                "nodefs.inodesFree": "1%",
-            },
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "resolvConf": "",
-            "registerNode": True,
-            "maxPods": 110,
-            "podLogsDir": str(self.root / "pod-logs"),
-            "syncFrequency": "10s",
-            "nodeStatusUpdateFrequency": "4s",
-            "nodeStatusReportFrequency": "10s",
-            "serializeImagePulls": False,
-            "protectKernelDefaults": False,
-            "localStorageCapacityIsolation": True,
-            "shutdownGracePeriod": "0s",
-        }
+        config = nodeconfig.kubelet_config(
+            address=self.host_ip,
+            port=self.kubelet_port,
+            healthz_port=self.kubelet_healthz_port,
+            cgroup_root=self.cgroup,
+            runtime_socket=self.containerd_socket,
+            client_ca=self.plane.ca_file,
+            pod_logs=self.root / "pod-logs",
+        )
         path = self.root / "kubelet-config.json"
         path.write_text(json.dumps(config, indent=2))
         return path
@@ -712,9 +528,9 @@ oom_score = 0
         if self.kubelet is not None:
             self.kubelet.stop(sig)
 
-    def plugin_context(self) -> PluginContext:
+    def plugin_context(self) -> nodeplugins.PluginContext:
         """What the device-plugin command is told about this node."""
-        return PluginContext(
+        return nodeplugins.PluginContext(
             node=self.name,
             kubeconfig=self.plugin_kubeconfig,
             socket_dir=DEVICE_PLUGIN_PATH,
@@ -907,8 +723,6 @@ oom_score = 0
         self._unmount_all()
         self._remove_cgroups()
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)  # noqa: S603, S607
-        if self._shared_mount:
-            self._shared_mount = False
         if os.environ.get("GPUSLICE_KEEP_NODES") != "1":
             shutil.rmtree(self.root, ignore_errors=True)
         self._started = False
@@ -917,23 +731,6 @@ oom_score = 0
 def busybox_applets() -> list[str]:
     """The applets of this machine's static busybox (``busybox --list``)."""
     return _run(["/bin/busybox", "--list"], "busybox --list").split()
-
-
-def ensure_plugin_role(plane: ControlPlane) -> None:
-    """The ClusterRole a HAMi-style device plugin needs: nodes and pods, read and patch."""
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": PLUGIN_ROLE},
-        "rules": [
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "update", "patch"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "update", "patch"]},
-            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        ],
-    }
-    status, body = plane.api_request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
-    if status not in (201, 409):
-        raise NodeError(f"cannot create the device plugin's role: {status} {body}")
 
 
 def start_all(nodes: Sequence[RealNode], timeout: float = 120.0) -> None:
