@@ -244,9 +244,25 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeClust
 
 @pytest.fixture
 def cluster(node_cluster: NodeCluster) -> Iterator[NodeCluster]:
-    """The session's cluster; every test ends with a clean card-by-card audit and no locks held."""
+    """The session's cluster; after each test (and its pods) a clean audit: no lock held."""
     yield node_cluster
     node_cluster.audit()
+
+
+@pytest.fixture
+def ns(cluster: NodeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace for the test. When the test ends, the card-by-card audit runs with its pods
+    still there (none over-committed, gauges equal to the API); then they are deleted and gone."""
+    name = cluster.namespace(request.node.name.removeprefix("test_")[:20].replace("_", "-").rstrip("-"))
+    yield name
+    report = cluster.audit()
+    print(f"[{request.node.name}] {report.summary()}")
+    status, body = cluster.cp.api_request("GET", f"/api/v1/namespaces/{name}/pods")
+    items = body.get("items", []) if status == 200 else []
+    for pod in items:
+        cluster.delete(name, pod["metadata"]["name"])
+    for pod in items:
+        cluster.wait_gone(name, pod["metadata"]["name"])
 
 
 def registered_cards(cluster: NodeCluster, node: str) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ card-by-card audit from the API (the ``cluster`` fixture).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,18 +25,6 @@ CORES = "nvidia.com/gpucores"
 
 SHOW = "env; echo --env-end--; ls /dev | grep nvidia; echo --dev-end--"
 RUN = SHOW + "; trap 'exit 0' TERM; while true; do sleep 1; done"
-
-
-@pytest.fixture
-def ns(cluster: NodeCluster) -> Iterator[str]:
-    """A namespace whose pods are deleted (and gone) before the audit."""
-    name = cluster.namespace()
-    yield name
-    status, body = cluster.cp.api_request("GET", f"/api/v1/namespaces/{name}/pods")
-    for pod in body.get("items", []) if status == 200 else []:
-        cluster.delete(name, pod["metadata"]["name"])
-    for pod in body.get("items", []) if status == 200 else []:
-        cluster.wait_gone(name, pod["metadata"]["name"])
 
 
 def devices_section(log: str) -> set[str]:

@@ -9,7 +9,6 @@ over-committed, no lock held, no phantom reservation.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,18 +29,6 @@ LOCK_RELEASES = {
     "allocate_timeout_lock_released",
     "answered_lock_released",
 }
-
-
-@pytest.fixture
-def ns(cluster: NodeCluster) -> Iterator[str]:
-    name = cluster.namespace("life")
-    yield name
-    status, body = cluster.cp.api_request("GET", f"/api/v1/namespaces/{name}/pods")
-    items = body.get("items", []) if status == 200 else []
-    for pod in items:
-        cluster.delete(name, pod["metadata"]["name"])
-    for pod in items:
-        cluster.wait_gone(name, pod["metadata"]["name"])
 
 
 def recovery_lock_releases(cluster: NodeCluster) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ipaddress
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,18 +17,6 @@ SERVE = (
     'mkdir -p /tmp/www && echo "hello from $HOSTNAME" > /tmp/www/index.html && '
     "exec httpd -f -p 8080 -h /tmp/www"
 )
-
-
-@pytest.fixture
-def ns(cluster: NodeCluster) -> Iterator[str]:
-    name = cluster.namespace("net")
-    yield name
-    status, body = cluster.cp.api_request("GET", f"/api/v1/namespaces/{name}/pods")
-    items = body.get("items", []) if status == 200 else []
-    for pod in items:
-        cluster.delete(name, pod["metadata"]["name"])
-    for pod in items:
-        cluster.wait_gone(name, pod["metadata"]["name"])
 
 
 def test_pods_get_routable_ips_from_their_nodes_bridge(cluster: NodeCluster, ns: str) -> None:
