@@ -229,7 +229,14 @@ def clear(cp: ControlPlane, ns: str) -> None:
 def save(args: argparse.Namespace, costs: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> None:
     """Write the run so far (after every burst: a later failure keeps what was measured)."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    saved = {"pods": args.pods, "reps": args.reps, "machine": MACHINE, "node_cost": costs, "results": results}
+    saved = {
+        "pods": args.pods,
+        "reps": args.reps,
+        "machine": MACHINE,
+        "plugin": str(args.plugin or "gpuslice device-plugin"),
+        "node_cost": costs,
+        "results": results,
+    }
     args.out.write_text(json.dumps(saved, indent=2))
 
 
@@ -240,6 +247,15 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=4, help="creating threads")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/bench_realnode.json"))
     parser.add_argument("--report", action="store_true", help="only print the table of the saved --out")
+    parser.add_argument(
+        "--plugin",
+        type=pathlib.Path,
+        default=None,
+        help="another device plugin for every configuration (an executable, as GPUSLICE_NODE_PLUGIN "
+        "in docs/real-nodes.md, e.g. a wrapper running HAMi's own); the 'HAMi rate' rows then "
+        "run it unchanged",
+    )
+    parser.add_argument("--only", default="", help="run only the configurations whose name contains this")
     args = parser.parse_args()
     if args.report:
         return report(args.out)
@@ -249,7 +265,12 @@ def main() -> int:
     results: dict[str, list[dict[str, Any]]] = {}
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-realnode-"))
     root = pathlib.Path(tempfile.mkdtemp(prefix="gsn-", dir="/tmp"))
-    plugin = nodeplugins.gpuslice_plugin("nvml")
+    plugin = (
+        nodeplugins.external_plugin(args.plugin)
+        if args.plugin is not None
+        else nodeplugins.gpuslice_plugin("nvml")
+    )
+    configs = {name: c for name, c in CONFIGS.items() if args.only in name}
     with ControlPlane() as cp:
         nodes = [
             realnode.RealNode(
@@ -261,8 +282,8 @@ def main() -> int:
         try:
             costs = {n.name: node_cost(n) for n in nodes}
             plugin_flags: tuple[str, ...] = FAST
-            for config, (serve, render, gpu, flags) in CONFIGS.items():
-                if flags != plugin_flags:
+            for config, (serve, render, gpu, flags) in configs.items():
+                if flags != plugin_flags and args.plugin is None:
                     for node in nodes:
                         node.plugin_command = nodeplugins.gpuslice_plugin("nvml", extra_args=flags)
                         node.restart_plugin()
@@ -302,7 +323,7 @@ def report(path: pathlib.Path) -> int:
     saved = json.loads(path.read_text())
     print(
         f"\n{saved['pods']}-pod bursts, {saved['reps']} per configuration, 2 real nodes ({saved['machine']}, "
-        "gpuslice's device plugin); medians over bursts"
+        f"device plugin: {saved.get('plugin', 'gpuslice device-plugin')}); medians over bursts"
     )
     header = f"{'configuration':42s} {'bound/s':>8s} {'running/s':>9s} {'lat p50':>8s} {'lat p90':>8s}"
     print(header + f" {'bind ms':>8s} {'lock waits':>10s}  pods per node")
