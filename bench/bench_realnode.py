@@ -255,7 +255,11 @@ def main() -> int:
         "in docs/real-nodes.md, e.g. a wrapper running HAMi's own); the 'HAMi rate' rows then "
         "run it unchanged",
     )
-    parser.add_argument("--only", default="", help="run only the configurations whose name contains this")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="run only these configurations: their names, separated by '|' (default: all)",
+    )
     args = parser.parse_args()
     if args.report:
         return report(args.out)
@@ -270,7 +274,11 @@ def main() -> int:
         if args.plugin is not None
         else nodeplugins.gpuslice_plugin("nvml")
     )
-    configs = {name: c for name, c in CONFIGS.items() if args.only in name}
+    wanted = {name.strip() for name in args.only.split("|") if name.strip()}
+    unknown = wanted - CONFIGS.keys()
+    if unknown:
+        raise SystemExit(f"unknown configurations: {sorted(unknown)}; known: {list(CONFIGS)}")
+    configs = {name: c for name, c in CONFIGS.items() if not wanted or name in wanted}
     with ControlPlane() as cp:
         nodes = [
             realnode.RealNode(
