@@ -77,9 +77,12 @@ regen() {
         } | sort -u | while read -r m; do
             go mod edit -replace="$m=$m@$STAGING_VERSION"
         done
-        # kubelet shares the module (hack/node/build.sh builds it for the real-node tier)
+        # kubelet, kube-proxy and kube-controller-manager share the module (hack/node/build.sh
+        # builds them for the real-node tiers)
         go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
-            "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION"
+            "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" \
+            "k8s.io/kubernetes/cmd/kube-proxy@$K8S_VERSION" \
+            "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION"
         go mod tidy
     )
     (
