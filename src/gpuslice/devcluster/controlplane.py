@@ -216,6 +216,14 @@ class ControlPlane:
             temporary directory that ``stop()`` removes (a given one is never removed).
         startup_timeout: Seconds to wait for ``/readyz`` before giving up.
         extra_apiserver_args: Additional kube-apiserver flags (e.g. feature gates).
+        address: The address kube-apiserver binds and advertises. The default loopback address is
+            for clients on this machine only; a cluster whose pods talk to the apiserver (through
+            the ``kubernetes`` Service) needs an address the pods can route to
+            (``devcluster.clusterhost``), and then the ``kubernetes`` endpoints are reconciled.
+        service_cluster_ip_range: kube-apiserver's ``--service-cluster-ip-range``.
+        service_accounts: Keep the ``ServiceAccount`` admission plugin on, so that pods get their
+            account's token projected (needs kube-controller-manager for ``default`` accounts and
+            the ``kube-root-ca.crt`` ConfigMaps).
     """
 
     def __init__(
@@ -224,7 +232,14 @@ class ControlPlane:
         workdir: Path | None = None,
         startup_timeout: float = 90.0,
         extra_apiserver_args: Sequence[str] = (),
+        *,
+        address: str = "127.0.0.1",
+        service_cluster_ip_range: str = "10.0.0.0/24",
+        service_accounts: bool = False,
     ) -> None:
+        self._address = address
+        self._service_range = service_cluster_ip_range
+        self._service_accounts = service_accounts
         self._bin_dir = bin_dir
         self._given_workdir = workdir
         self._workdir: Path | None = None
@@ -338,7 +353,7 @@ class ControlPlane:
         self._write_credentials(work)
         etcd_port, peer_port, api_port = _free_ports(3)
         self._etcd_url = f"http://127.0.0.1:{etcd_port}"
-        self._server = f"https://127.0.0.1:{api_port}"
+        self._server = f"https://{self._address}:{api_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
 
         self._spawn(
@@ -362,14 +377,14 @@ class ControlPlane:
         self._apiserver_argv = [
             str(bin_dir / "kube-apiserver"),
             f"--etcd-servers={self._etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self._address}",
+            f"--advertise-address={self._address}",
             f"--secure-port={api_port}",
             f"--cert-dir={work / 'pki'}",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={work / 'sa.pub'}",
             f"--service-account-signing-key-file={work / 'sa.key'}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={self._service_range}",
             f"--token-auth-file={work / 'tokens.csv'}",
             # Client certificates signed by the cluster CA: kubelets and device plugins get their
             # own identities (``client_kubeconfig``), and the apiserver its kubelet client.
@@ -380,11 +395,9 @@ class ControlPlane:
             # The Node authorizer confines a kubelet (user system:node:<name>) to its own node and
             # pods, as on a kubeadm cluster; RBAC does the rest.
             "--authorization-mode=Node,RBAC",
-            f"--disable-admission-plugins={DISABLED_ADMISSION_PLUGINS}",
+            f"--disable-admission-plugins={self._disabled_admission()}",
             "--allow-privileged=true",
-            # 127.0.0.1 may not be an Endpoints address; nothing in-cluster needs the
-            # `kubernetes` Service endpoints, so skip reconciling them (no log noise).
-            "--endpoint-reconciler-type=none",
+            *self._endpoint_args(),
             *self._extra_apiserver_args,
         ]
         self._apiserver = self._spawn("kube-apiserver", self._apiserver_argv, work)
@@ -393,6 +406,31 @@ class ControlPlane:
         (work / "kubeconfig-gpuslice.yaml").write_text(
             pki.kubeconfig(self._server, USER_NAME, token=self._user_token)
         )
+
+    def _disabled_admission(self) -> str:
+        if not self._service_accounts:
+            return DISABLED_ADMISSION_PLUGINS
+        return ",".join(p for p in DISABLED_ADMISSION_PLUGINS.split(",") if p != "ServiceAccount")
+
+    def _endpoint_args(self) -> list[str]:
+        # 127.0.0.1 may not be an Endpoints address, and nothing in-cluster reaches a loopback
+        # apiserver anyway: skip reconciling the `kubernetes` endpoints then (no log noise).
+        return ["--endpoint-reconciler-type=none"] if self._address.startswith("127.") else []
+
+    @property
+    def address(self) -> str:
+        """The address kube-apiserver binds and advertises."""
+        return self._address
+
+    @property
+    def serving_ca_file(self) -> Path:
+        """The CA of the apiserver's own (self-signed) serving certificate, for in-cluster clients.
+
+        kube-apiserver writes ``apiserver.crt`` (its leaf and the CA that signed it) into
+        ``--cert-dir`` when no serving certificate is given; pods trust it through the
+        ``kube-root-ca.crt`` ConfigMap that kube-controller-manager publishes from this file.
+        """
+        return self.workdir / "pki" / "apiserver.crt"
 
     def _write_credentials(self, work: Path) -> None:
         """Write the service-account key pair, the client CA and the static token file."""

@@ -98,14 +98,18 @@ def host_problems() -> list[str]:
     return problems
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound to port 0, then released)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def _run(argv: Sequence[str], what: str, timeout: float = 60.0, env: Mapping[str, str] | None = None) -> str:
+def run_tool(
+    argv: Sequence[str], what: str, timeout: float = 60.0, env: Mapping[str, str] | None = None
+) -> str:
+    """Run a host tool; its stdout, or ``NodeError`` with its stderr when it fails."""
     proc = subprocess.run(  # noqa: S603 - argv built here from fixed tools
         list(argv), capture_output=True, text=True, timeout=timeout, check=False, env=env
     )
@@ -114,7 +118,7 @@ def _run(argv: Sequence[str], what: str, timeout: float = 60.0, env: Mapping[str
     return proc.stdout
 
 
-class _Proc:
+class Proc:
     """A process this module started, with its log."""
 
     def __init__(
@@ -127,12 +131,15 @@ class _Proc:
 
     @property
     def pid(self) -> int:
+        """The process id."""
         return self.popen.pid
 
     def alive(self) -> bool:
+        """True while the process runs."""
         return self.popen.poll() is None
 
     def stop(self, sig: signal.Signals = signal.SIGTERM, grace: float = _STOP_GRACE_S) -> int | None:
+        """Signal it by pid, wait ``grace`` seconds, then SIGKILL; close its log; its exit status."""
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.popen.send_signal(sig)
@@ -146,6 +153,7 @@ class _Proc:
         return self.popen.returncode
 
     def tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of its log."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
@@ -199,10 +207,10 @@ class RealNode:
         self.subnet = POD_SUBNET.format(index=index)
         self.kubelet_port = 0
         self.kubelet_healthz_port = 0
-        self.containerd: _Proc | None = None
-        self.holder: _Proc | None = None
-        self.kubelet: _Proc | None = None
-        self.plugin: _Proc | None = None
+        self.containerd: Proc | None = None
+        self.holder: Proc | None = None
+        self.kubelet: Proc | None = None
+        self.plugin: Proc | None = None
         self._started = False
 
     # ------------------------------------------------------------------ paths
@@ -267,8 +275,8 @@ class RealNode:
     def _prepare(self, bin_dir: Path) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         # A shared mount, so that kubelet's mounts in its namespace (volumes) reach containerd.
-        _run(["mount", "--bind", str(self.root), str(self.root)], "bind the node dir")
-        _run(["mount", "--make-shared", str(self.root)], "share the node dir")
+        run_tool(["mount", "--bind", str(self.root), str(self.root)], "bind the node dir")
+        run_tool(["mount", "--make-shared", str(self.root)], "share the node dir")
         for sub in (
             "containerd",
             "device-plugins",
@@ -290,8 +298,8 @@ class RealNode:
             self.nvml_shape.parent.mkdir(exist_ok=True)
             fakenvml.write_shape(fake.shape(self.machine), self.nvml_shape)
             self.nvml_dir = fakenvml.build_library().parent
-        self.kubelet_port = _free_port()
-        self.kubelet_healthz_port = _free_port()
+        self.kubelet_port = free_port()
+        self.kubelet_healthz_port = free_port()
         self._write_credentials()
 
     def _hierarchies(self) -> list[Path]:
@@ -325,9 +333,9 @@ class RealNode:
         kubelet refuses a loopback node IP; CNI's bridge plugin adopts the bridge.
         """
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)  # noqa: S603, S607
-        _run(["ip", "link", "add", self.bridge, "type", "bridge"], "create the bridge")
-        _run(["ip", "addr", "add", f"{self.host_ip}/24", "dev", self.bridge], "address the bridge")
-        _run(["ip", "link", "set", self.bridge, "up"], "bring the bridge up")
+        run_tool(["ip", "link", "add", self.bridge, "type", "bridge"], "create the bridge")
+        run_tool(["ip", "addr", "add", f"{self.host_ip}/24", "dev", self.bridge], "address the bridge")
+        run_tool(["ip", "link", "set", self.bridge, "up"], "bring the bridge up")
 
     def _write_cni(self) -> None:
         conf_dir = self.root / "cni" / "net.d"
@@ -377,9 +385,9 @@ class RealNode:
         except nodeplugins.PluginSetupError as exc:
             raise NodeError(str(exc)) from exc
 
-    def _spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> _Proc:
+    def _spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Proc:
         log_path = self.root / "logs" / f"{name}.log"
-        log_file = open(log_path, "ab")  # noqa: SIM115 - closed by _Proc.stop
+        log_file = open(log_path, "ab")  # noqa: SIM115 - closed by Proc.stop
         try:
             popen = subprocess.Popen(  # noqa: S603 - argv built here
                 list(argv),
@@ -393,10 +401,10 @@ class RealNode:
         except BaseException:
             log_file.close()
             raise
-        return _Proc(name, popen, log_path, log_file)
+        return Proc(name, popen, log_path, log_file)
 
     def _ctr(self, *args: str, timeout: float = 60.0) -> str:
-        return _run(
+        return run_tool(
             ["ctr", "--address", str(self.containerd_socket), "--namespace", CONTAINERD_NAMESPACE, *args],
             "ctr",
             timeout=timeout,
@@ -458,6 +466,15 @@ class RealNode:
         # Unpack (and pin against kubelet's image GC) by labelling them as CRI does for pinned images.
         for image in built:
             self._ctr("images", "label", image.name, "io.cri-containerd.pinned=pinned")
+
+    def import_image(self, archive: Path, name: str) -> None:
+        """Import an OCI archive into the node's containerd, as a registry pull would leave it.
+
+        The image is pinned (as CRI pins its sandbox image), so kubelet's image garbage collection
+        never removes an image no registry could give back.
+        """
+        self._ctr("images", "import", str(archive), timeout=300)
+        self._ctr("images", "label", name, "io.cri-containerd.pinned=pinned")
 
     def _start_holder(self) -> None:
         DEVICE_PLUGIN_PATH.mkdir(parents=True, exist_ok=True)
@@ -730,7 +747,7 @@ class RealNode:
 
 def busybox_applets() -> list[str]:
     """The applets of this machine's static busybox (``busybox --list``)."""
-    return _run(["/bin/busybox", "--list"], "busybox --list").split()
+    return run_tool(["/bin/busybox", "--list"], "busybox --list").split()
 
 
 def start_all(nodes: Sequence[RealNode], timeout: float = 120.0) -> None:
