@@ -85,6 +85,26 @@ async def patch_annotations(
     return decode(resp.content)
 
 
+async def patch_labels(
+    kube: kclient.KubeClient,
+    namespace: str,
+    name: str,
+    labels: Mapping[str, str | None],
+    *,
+    timeout: float | None = None,
+) -> None:
+    """Merge-patch a pod's labels (None deletes a key; deleting an absent one is a no-op).
+
+    Raises:
+        errors.NotFound: no such pod.
+        errors.ApiError: any other failure.
+    """
+    body = {"metadata": {"labels": dict(labels)}}
+    await kube.request(
+        "PATCH", path(namespace, name), body=body, content_type=kclient.MERGE_PATCH, timeout=timeout
+    )
+
+
 async def patch_allocation(
     kube: kclient.KubeClient,
     namespace: str,
