@@ -99,8 +99,14 @@ class Deps:
     log: logs.Log
     metrics: metrics.Metrics
     events: binds.Events
-    ready: Callable[[], bool] = lambda: True
-    """``/readyz``: synced, and leading where followers must not get calls (``lease`` mode)."""
+    follower: Callable[[], bool] = lambda: False
+    """True while this replica follows where only the leader should get calls (``lease`` mode):
+    every verb's answer then carries ``Connection: close``."""
+    follower_ready: bool = True
+    """``/readyz`` of a synced follower: 200 ``ok (follower)`` when the Service finds the leader by
+    its pod label (``extender.leaderlabel``), else 503 ``not leader`` (readiness is the only way)."""
+    drain: Callable[[], Awaitable[None]] | None = None
+    """Run on SIGTERM before the listeners close (the leader's pod label is removed); None: nothing."""
     synced: Callable[[], bool] = lambda: True
     """Every watched kind listed and healthy: filter and prioritize answer only then."""
     services: Sequence[Service] = ()
@@ -266,9 +272,10 @@ class _Fast:
 
     kube-scheduler calls filter and prioritize once each per pod, serially; skipping Starlette's
     middleware, routing and Request/Response objects saves a good part of the per-request cost.
-    While this replica is not ready (caches not synced, or a follower in ``lease`` mode), answers
-    carry ``Connection: close``: a Service only sends *new* connections to ready replicas, so a
-    kube-scheduler keep-alive connection to a deposed leader must not outlive the answer.
+    While this replica should not get calls (caches not synced, or a follower in ``lease`` mode),
+    answers carry ``Connection: close``: a Service only sends *new* connections to the ready
+    replica it selects (the leader's pod label), so a kube-scheduler keep-alive connection to a
+    deposed leader must not outlive the answer.
     """
 
     def __init__(
@@ -591,12 +598,16 @@ class Handlers:
         return PlainTextResponse("ok")
 
     async def readyz(self, request: Request) -> Response:
-        """Readiness: synced, and (``lease`` mode) leading."""
+        """Readiness: synced; a ``lease`` follower is ready too when the leader's pod is labelled."""
         synced = self.deps.synced()
-        ok = synced and self.deps.ready()
         self.m.cache_synced.set(1 if synced else 0)
-        text = "ok" if ok else ("not leader" if synced else "cache not synced")
-        return PlainTextResponse(text, status_code=200 if ok else 503)
+        if not synced:
+            return PlainTextResponse("cache not synced", status_code=503)
+        if not self.deps.follower():
+            return PlainTextResponse("ok")
+        if self.deps.follower_ready:
+            return PlainTextResponse("ok (follower)")
+        return PlainTextResponse("not leader", status_code=503)
 
     async def metrics(self, request: Request) -> Response:
         """Prometheus metrics."""
@@ -674,10 +685,10 @@ def create_app(deps: Deps) -> _Fast:
         "/bind": h.endpoint("bind", h.bind),
         "/preempt": h.endpoint("preempt", h.preempt),
     }
-    ready = deps.ready
+    follower = deps.follower
 
     def serving_calls() -> bool:
-        return deps.synced() and ready()
+        return deps.synced() and not follower()
 
     return _Fast(
         Starlette(routes=routes, lifespan=lifespan), verbs, deps.settings.body_limit_bytes, serving_calls

@@ -31,6 +31,8 @@ from gpuslice.policy import chains, registry
 ENV_PREFIX = "GPUSLICE_"
 HAMI_LOCK_EXPIRE_ENV = "HAMI_NODELOCK_EXPIRE"
 """HAMi's node lock expiry (a Go duration such as ``5m``), used when ``node_lock_expiry_s`` is unset."""
+POD_ENV = {"pod_name": "POD_NAME", "pod_namespace": "POD_NAMESPACE"}
+"""Downward-API variables that give ``pod_name`` and ``pod_namespace`` when no layer sets them."""
 DEFAULT_LOCK_EXPIRY_S = 300.0
 LEADER_MODES = ("lease", "scheduler", "none")
 MiB = 1 << 20
@@ -135,8 +137,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             pods, through the Eviction API, to free concrete cards for a pod that waits for GPUs.
         nomination_ttl_s: how long the cards freed for a preemptor stay held for it (its victims'
             grace period must fit in it).
-        leader_elect: ``lease`` (gpuslice's own Lease; followers report not-ready, for a
-            standalone Deployment behind a Service), ``scheduler`` (follow kube-scheduler's Lease
+        leader_elect: ``lease`` (gpuslice's own Lease, for a standalone Deployment behind a
+            Service: the leader labels its pod and followers are ready too, see ``pod_name``;
+            without a pod, followers report not-ready), ``scheduler`` (follow kube-scheduler's Lease
             as its sidecar: leader while the holder identity starts with ``leader_identity``) or
             ``none`` (a single replica that always leads).
         lease_name: the Lease gpuslice holds (``lease``) or follows (``scheduler``).
@@ -146,6 +149,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         lease_duration_s: how long a Lease that is not renewed blocks other replicas.
         renew_deadline_s: how long the leader keeps trying to renew before it stops leading.
         retry_period_s: pause between Lease attempts and renewals.
+        pod_name: this replica's pod ('' = ``$POD_NAME``, which the chart sets from the downward
+            API). In ``lease`` mode, with ``pod_namespace``, the leader labels its pod
+            ``gpuslice.io/leader: "true"`` (``extender.leaderlabel``), so a Service selecting that
+            label routes to the leader only, and followers report ready; '' = no label (followers
+            report not-ready).
+        pod_namespace: that pod's namespace ('' = ``$POD_NAMESPACE``).
         header_timeout_s: a connection that has not sent complete request headers by then is
             closed.
         body_timeout_s: a request whose body has not arrived by then gets 408.
@@ -218,6 +227,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     lease_duration_s: float = 15.0
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
+    pod_name: str = ""
+    pod_namespace: str = ""
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
     idle_timeout_s: float = 30.0
@@ -347,7 +358,11 @@ def load(
         merged.update(_from_file(config_path))
     merged.update(_from_env(os.environ if environ is None else environ))
     merged.update({k: v for k, v in flags.items() if k in FIELDS})
-    hami_expiry = (os.environ if environ is None else environ).get(HAMI_LOCK_EXPIRE_ENV)
+    env = os.environ if environ is None else environ
+    for name, variable in POD_ENV.items():
+        if name not in merged and env.get(variable):
+            merged[name] = env[variable]
+    hami_expiry = env.get(HAMI_LOCK_EXPIRE_ENV)
     if "node_lock_expiry_s" not in merged and hami_expiry:
         try:
             merged["node_lock_expiry_s"] = goparse.parse_duration(hami_expiry)

@@ -2,8 +2,12 @@
 
 * ``lease`` — gpuslice as its own Deployment behind a Service: the replicas campaign for a
   ``coordination.k8s.io/v1`` Lease of their own (``kube.lease.Elector``, kube-scheduler's
-  defaults 15/10/2 s). Followers keep their caches warm but report not-ready, so the Service
-  routes kube-scheduler's calls to the leader; a follower that is called anyway refuses binds.
+  defaults 15/10/2 s). Followers keep their caches warm. Told its pod (``--pod-name``,
+  ``--pod-namespace``), a replica reports ready once synced, follower or not (``/readyz`` says
+  ``ok (follower)``), so rolling updates and node drains proceed, and the leader labels its pod
+  ``gpuslice.io/leader: "true"`` (``extender.leaderlabel``) for the Service to select; without
+  it, followers report not-ready and the Service routes by readiness. A follower that is called
+  anyway refuses binds and closes the connection after each answer.
   The leader stops binding once it could not renew within the renew deadline, which is shorter
   than the lease duration, so two replicas never lead at once (clocks within that margin).
 * ``scheduler`` — gpuslice as a sidecar of each kube-scheduler replica (HAMi's layout): only the
@@ -40,7 +44,9 @@ class Leadership:
     """
 
     mode = "none"
-    reports_not_ready_as_follower = False
+    calls_go_to_leader = False
+    """True where only the leader should get kube-scheduler's calls (``lease``): a follower then
+    says so on ``/readyz`` and closes each connection after its answer."""
 
     def __init__(self) -> None:
         self.leading = True
@@ -72,7 +78,7 @@ class OwnLease(Leadership):
     """
 
     mode = "lease"
-    reports_not_ready_as_follower = True
+    calls_go_to_leader = True
 
     def __init__(self, elector: lease.Elector) -> None:
         super().__init__()

@@ -42,6 +42,7 @@ from gpuslice.extender import (
     failpoints,
     feed,
     leader,
+    leaderlabel,
     lockview,
     logs,
     metrics,
@@ -56,6 +57,9 @@ from gpuslice.extender import shadow as shadows
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events as kevents
 from gpuslice.kube import lease, liveview, objects
+
+BEFORE_EXIT_S = 5.0
+"""Longest wait on SIGTERM before the listeners close (the leader's pod label removal)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +86,26 @@ def leadership(settings: config.Settings, kube: kclient.KubeClient) -> leader.Le
             kube, settings.lease_namespace, settings.lease_name, identity, settings.retry_period_s
         )
     return leader.Leadership()
+
+
+def pod_label(
+    settings: config.Settings, kube: kclient.KubeClient, log: logs.Log
+) -> leaderlabel.PodLabel | None:
+    """The leader's pod label writer: in ``lease`` mode with ``pod_name`` and ``pod_namespace``."""
+    if settings.leader_elect != "lease":
+        return None
+    if not (settings.pod_name and settings.pod_namespace):
+        log.warning(
+            "no leader pod label: it needs --pod-name and --pod-namespace (or POD_NAME and "
+            "POD_NAMESPACE); followers report not-ready instead, so a rollout with maxUnavailable 0 "
+            "cannot finish and a PodDisruptionBudget blocks drains",
+            pod_name=settings.pod_name,
+            pod_namespace=settings.pod_namespace,
+        )
+        return None
+    write = leaderlabel.pod_writer(kube, settings.pod_namespace, settings.pod_name)
+    pod = f"{settings.pod_namespace}/{settings.pod_name}"
+    return leaderlabel.PodLabel(write, pod, retry_s=settings.retry_period_s)
 
 
 def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
@@ -149,16 +173,20 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
             kube, cache, policies, events, m, log, source.pod, lead.is_leading, settings.nomination_ttl_s
         )
 
+    label = pod_label(settings, kube, log)  # the Service's way to the leader (lease mode)
+
     def changed(leading: bool) -> None:
         m.leader.set(1 if leading else 0)
+        if label is not None:
+            label.want(leading)
         if leading:
             sweeper.wake()  # a new leader clears what its predecessor left at once
 
     lead.on_change = changed
     m.leader.set(1 if lead.leading else 0)
 
-    def ready() -> bool:
-        return not lead.reports_not_ready_as_follower or lead.leading
+    def follower() -> bool:
+        return lead.calls_go_to_leader and not lead.leading
 
     @contextlib.asynccontextmanager
     async def kube_client() -> AsyncIterator[object]:
@@ -167,7 +195,10 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         finally:
             await kube.aclose()
 
-    services: list[apps.Service] = [kube_client, source.running, lead.running, sweeper.running]
+    services: list[apps.Service] = [kube_client, source.running]
+    if label is not None:  # entered before the election, left after it: the last wish is "not leading"
+        services.append(label.running)
+    services += [lead.running, sweeper.running]
     if preempting is not None:
         services.append(preempting.running)
     if recorder is not None:
@@ -186,7 +217,9 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         log=log,
         metrics=m,
         events=events,
-        ready=ready,
+        follower=follower,
+        follower_ready=label is not None,
+        drain=label.drain if label is not None else None,
         synced=source.ready,
         services=services,
         invalid_nodes=source.invalid_nodes,
@@ -262,7 +295,7 @@ def main(args: argparse.Namespace) -> int:
     )
     servers = [QuietServer(c) for c in configs]
     with asyncio.Runner(loop_factory=main_config.get_loop_factory()) as runner:
-        code = runner.run(serve_all(servers[0], servers[1] if len(servers) > 1 else None))
+        code = runner.run(serve_all(servers[0], servers[1] if len(servers) > 1 else None, deps.drain))
     if code:
         print("gpuslice serve: a listener failed; see the log above", file=sys.stderr)
     return code
@@ -314,20 +347,42 @@ async def _run(server: uvicorn.Server) -> int:
     return 0
 
 
-async def serve_all(main_server: uvicorn.Server, metrics_server: uvicorn.Server | None) -> int:
+async def serve_all(
+    main_server: uvicorn.Server,
+    metrics_server: uvicorn.Server | None,
+    before_exit: Callable[[], Awaitable[None]] | None = None,
+) -> int:
     """Run the main server (and the metrics server) until SIGTERM/SIGINT; the exit status.
 
     The metrics server is started first and must be listening before the main one (and with it
-    the services) starts. When either ends on its own, the other is told to exit too.
+    the services) starts. When either ends on its own, the other is told to exit too. On the
+    first signal ``before_exit`` runs (at most ``BEFORE_EXIT_S``) while both still serve, then
+    they are told to exit; a second signal does not wait for it.
     """
     servers = [s for s in (metrics_server, main_server) if s is not None]
     loop = asyncio.get_running_loop()
+    draining: list[asyncio.Task[None]] = []
 
-    def on_signal(sig: signal.Signals) -> None:
+    def stop(sig: signal.Signals) -> None:
         for server in servers:
             if server.should_exit and sig == signal.SIGINT:
                 server.force_exit = True
             server.should_exit = True
+
+    async def drain_then_stop(sig: signal.Signals) -> None:
+        assert before_exit is not None
+        try:
+            await asyncio.wait_for(before_exit(), BEFORE_EXIT_S)
+        except Exception as err:  # noqa: BLE001 - best effort: the exit goes on
+            print(f"gpuslice serve: before exit: {err!r}", file=sys.stderr)
+        if not any(server.should_exit for server in servers):  # a second signal has not stopped them
+            stop(sig)
+
+    def on_signal(sig: signal.Signals) -> None:
+        if before_exit is None or draining:
+            stop(sig)
+            return
+        draining.append(loop.create_task(drain_then_stop(sig), name="before-exit"))
 
     handled = (signal.SIGINT, signal.SIGTERM)
     for sig in handled:
@@ -356,3 +411,7 @@ async def serve_all(main_server: uvicorn.Server, metrics_server: uvicorn.Server 
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
+        for task in draining:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -352,11 +352,28 @@ def test_readyz_is_503_until_synced(cache: caches.ClusterCache) -> None:
         assert "gpuslice_cache_synced 0.0" in c.get("/metrics").text
 
 
-def test_readyz_is_503_for_a_follower(cache: caches.ClusterCache) -> None:
-    with TestClient(apps.create_app(fakes.make_deps(cache, ready=False))) as c:
+def test_readyz_is_200_for_a_synced_follower(cache: caches.ClusterCache) -> None:
+    # lease mode with the pod known: a follower is ready (rollouts and drains go on); the Service
+    # finds the leader by its pod label instead.
+    with TestClient(apps.create_app(fakes.make_deps(cache, follower=True))) as c:
+        r = c.get("/readyz")
+        assert (r.status_code, r.text) == (200, "ok (follower)")
+        assert "gpuslice_cache_synced 1.0" in c.get("/metrics").text
+
+
+def test_readyz_is_503_for_a_follower_without_its_pod(cache: caches.ClusterCache) -> None:
+    # No pod to label: readiness is the only way a Service can find the leader.
+    with TestClient(apps.create_app(fakes.make_deps(cache, follower=True, follower_ready=False))) as c:
         r = c.get("/readyz")
         assert (r.status_code, r.text) == (503, "not leader")
         assert "gpuslice_cache_synced 1.0" in c.get("/metrics").text
+
+
+def test_readyz_of_an_unsynced_follower_is_503(cache: caches.ClusterCache) -> None:
+    deps = fakes.make_deps(cache, follower=True, synced=lambda: False)
+    with TestClient(apps.create_app(deps)) as c:
+        r = c.get("/readyz")
+        assert (r.status_code, r.text) == (503, "cache not synced")
 
 
 def test_filter_and_prioritize_refuse_to_decide_from_an_unsynced_cache(cache: caches.ClusterCache) -> None:
@@ -893,11 +910,11 @@ def test_filter_before_any_gpu_node_registered_names_every_node_unregistered() -
     }
 
 
-@pytest.mark.parametrize(("ready", "closes"), [(True, False), (False, True)])
-def test_a_follower_closes_keep_alive_connections(ready: bool, closes: bool) -> None:
+@pytest.mark.parametrize(("follower", "closes"), [(False, False), (True, True)])
+def test_a_follower_closes_keep_alive_connections(follower: bool, closes: bool) -> None:
     # A Service sends only new connections to the leader: a deposed leader must not keep
     # kube-scheduler's keep-alive connection (every verb's answer then says Connection: close).
-    deps = fakes.make_deps(fakes.cluster_cache(), ready=ready, leading=lambda: ready)
+    deps = fakes.make_deps(fakes.cluster_cache(), follower=follower, leading=lambda: not follower)
     with TestClient(apps.create_app(deps)) as client:
         for path, body in (
             ("/filter", {"Pod": fakes.gpu_pod("p", mem=1000), "NodeNames": []}),

@@ -77,11 +77,12 @@ def _run(
     main: serve.QuietServer,
     side: serve.QuietServer | None,
     while_serving: Callable[[], Awaitable[None]] | None = None,
+    before_exit: Callable[[], Awaitable[None]] | None = None,
 ) -> int:
     """``serve_all``; once both listen, run ``while_serving`` and send this process SIGTERM."""
 
     async def scenario() -> int:
-        task = asyncio.create_task(serve.serve_all(main, side))
+        task = asyncio.create_task(serve.serve_all(main, side, before_exit))
         while not (main.started and (side is None or side.started)) and not task.done():
             await asyncio.sleep(0.02)
         if not task.done():
@@ -218,6 +219,41 @@ def test_sigterm_without_a_metrics_listener(ports: tuple[int, int]) -> None:
 
     assert _run(main, side, while_serving) == 0
     assert got == [(200, "ok")] and _refused(ports[0]) and (service.entered, service.exited) == (1, 1)
+
+
+def test_sigterm_runs_before_exit_while_both_listeners_still_answer(ports: tuple[int, int]) -> None:
+    service = Lifespan()
+    main, side = _servers(_settings(ports), _deps(service))
+    seen: list[object] = []
+
+    async def before_exit() -> None:  # the leader's label removal runs here in `gpuslice serve`
+        seen.append(await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[0]}/healthz"))
+        seen.append(await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[1]}/readyz"))
+        seen.append(service.exited)
+
+    assert _run(main, side, before_exit=before_exit) == 0
+    assert seen == [(200, "ok"), (200, "ok"), 0]
+    assert _refused(ports[0]) and _refused(ports[1]) and (service.entered, service.exited) == (1, 1)
+
+
+@pytest.mark.parametrize("trouble", ["hangs", "raises"])
+def test_a_failing_before_exit_does_not_keep_the_servers_up(
+    ports: tuple[int, int], trouble: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(serve, "BEFORE_EXIT_S", 0.3)
+    service = Lifespan()
+    main, side = _servers(_settings(ports), _deps(service))
+    calls: list[str] = []
+
+    async def before_exit() -> None:
+        calls.append(trouble)
+        if trouble == "hangs":
+            await asyncio.sleep(3600)
+        raise RuntimeError("apiserver away")
+
+    assert _run(main, side, before_exit=before_exit) == 0
+    assert calls == [trouble]
+    assert _refused(ports[0]) and _refused(ports[1]) and (service.entered, service.exited) == (1, 1)
 
 
 @contextlib.contextmanager
