@@ -254,7 +254,12 @@ class Migration:
         return gpuaudit.audit(*self.cluster())
 
     def failed_scheduling(self, name: str) -> str:
+        """The pod's latest FailedScheduling message; fails at once if the pod gets bound instead."""
+
         def event() -> str | None:
+            pod = self.pod(name)
+            bound = pod["spec"].get("nodeName")
+            assert not bound, f"{name} was bound to {bound}: {pod['metadata'].get('annotations')}"
             status, body = self.cp.api_request(
                 "GET", f"/api/v1/namespaces/{WORK}/events?fieldSelector=involvedObject.name%3D{name}"
             )
