@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import lightkube
 from lightkube.config.kubeconfig import KubeConfig
@@ -16,6 +17,10 @@ from lightkube.models import meta_v1
 from lightkube.resources import core_v1, events_v1
 from lightkube.types import PatchType
 
+AGENT_FIELD_MANAGER = "gpuslice-agent"
+"""The field manager every write of the agent carries; the API server records it in the Node's
+``metadata.managedFields``, which is how the agent tells its own annotation keys from keys another
+component wrote (``gpuslice.agent.ownership``)."""
 REPORTING_CONTROLLER = "gpuslice.io/agent"
 EVENT_NAMESPACE = "default"
 """Node events live in ``default`` (Nodes are cluster-scoped), as the kubelet records them."""
@@ -35,18 +40,37 @@ class NodeApiError(Exception):
 
 
 class NodeInfo:
-    """What the agent needs from its Node object."""
+    """What the agent needs from its Node object.
 
-    def __init__(self, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+    Attributes:
+        name: the Node's name.
+        uid: its uid (for events).
+        annotations: its annotations.
+        resource_version: ``metadata.resourceVersion`` (a patch carrying it is a compare-and-swap).
+        managed_fields: ``metadata.managedFields``, each entry as the API serves it (``manager``,
+            ``operation``, ``fieldsV1``, ...): who wrote which field.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        uid: str,
+        annotations: Mapping[str, str],
+        *,
+        resource_version: str = "",
+        managed_fields: tuple[Mapping[str, Any], ...] = (),
+    ) -> None:
         self.name = name
         self.uid = uid
         self.annotations = dict(annotations)
+        self.resource_version = resource_version
+        self.managed_fields = managed_fields
 
 
 def make_client(kubeconfig: str | None = None) -> lightkube.Client:
     """A client from a kubeconfig file, or from the environment (in-cluster or ``KUBECONFIG``)."""
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-    return lightkube.Client(config=config, field_manager="gpuslice-agent")
+    return lightkube.Client(config=config, field_manager=AGENT_FIELD_MANAGER)
 
 
 def _wrap(what: str, exc: Exception) -> NodeApiError:
@@ -56,7 +80,7 @@ def _wrap(what: str, exc: Exception) -> NodeApiError:
 
 
 def get_node(client: lightkube.Client, name: str) -> NodeInfo:
-    """Read a Node's uid and annotations.
+    """Read a Node's uid, annotations, resourceVersion and managedFields.
 
     Raises:
         NodeApiError: the Node does not exist (status 404) or the call failed.
@@ -70,20 +94,35 @@ def get_node(client: lightkube.Client, name: str) -> NodeInfo:
         name=name,
         uid=(meta.uid if meta else None) or "",
         annotations=(meta.annotations if meta else None) or {},
+        resource_version=(meta.resourceVersion if meta else None) or "",
+        managed_fields=tuple(e.to_dict() for e in ((meta.managedFields if meta else None) or ())),
     )
 
 
-def patch_node_annotations(client: lightkube.Client, name: str, changes: Mapping[str, str | None]) -> None:
-    """Merge-patch annotations (a None value removes the key).
+def patch_node_annotations(
+    client: lightkube.Client,
+    name: str,
+    changes: Mapping[str, str | None],
+    *,
+    resource_version: str | None = None,
+    field_manager: str = AGENT_FIELD_MANAGER,
+) -> None:
+    """Merge-patch annotations (a None value removes the key) as ``field_manager``.
+
+    With ``resource_version`` the patch applies only to that version of the Node (409 otherwise),
+    so nothing written since the caller's read is overwritten.
 
     Raises:
-        NodeApiError: the patch failed.
+        NodeApiError: the patch failed (status 409: the Node changed since ``resource_version``).
     """
     if not changes:
         return
-    body = {"metadata": {"annotations": dict(changes)}}
+    metadata: dict[str, object] = {"annotations": dict(changes)}
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
+    body = {"metadata": metadata}
     try:
-        client.patch(core_v1.Node, name, body, patch_type=PatchType.MERGE)
+        client.patch(core_v1.Node, name, body, patch_type=PatchType.MERGE, field_manager=field_manager)
     except Exception as e:
         raise _wrap(f"patching node {name}", e) from e
 
@@ -132,13 +171,21 @@ class NodeClient:
         client: the API client (``make_client``).
         node_name: the Node.
         wall: unix seconds, for event times.
+        field_manager: the field manager its patches carry.
     """
 
-    def __init__(self, client: lightkube.Client, node_name: str, wall: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        client: lightkube.Client,
+        node_name: str,
+        wall: Callable[[], float],
+        field_manager: str = AGENT_FIELD_MANAGER,
+    ) -> None:
         self._client = client
         self._name = node_name
         self._wall = wall
         self._uid = ""
+        self.field_manager = field_manager
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, node_name: str, wall: Callable[[], float]) -> NodeClient:
@@ -151,9 +198,21 @@ class NodeClient:
         self._uid = info.uid
         return info.annotations
 
-    def patch(self, changes: Mapping[str, str | None]) -> None:
-        """Merge-patch annotations."""
-        patch_node_annotations(self._client, self._name, changes)
+    def read_node(self) -> NodeInfo:
+        """The Node's annotations, resourceVersion and managedFields (remembers its uid for events)."""
+        info = get_node(self._client, self._name)
+        self._uid = info.uid
+        return info
+
+    def patch(self, changes: Mapping[str, str | None], resource_version: str | None = None) -> None:
+        """Merge-patch annotations as ``field_manager`` (only onto ``resource_version`` if given)."""
+        patch_node_annotations(
+            self._client,
+            self._name,
+            changes,
+            resource_version=resource_version,
+            field_manager=self.field_manager,
+        )
 
     def event(self, type_: str, reason: str, note: str, action: str) -> None:
         """Record an events.k8s.io/v1 Event regarding the Node."""
