@@ -16,11 +16,19 @@ Critical XIDs, double-bit ECC and lost GPUs mark a card unhealthy (application X
 card is healthy again (``GPURecovered``). Without NVML the agent says so (log, ``NVMLUnavailable``
 event, ``/healthz`` text, ``gpuslice_agent_nvml_up 0``), keeps what is published and retries.
 
+The agent owns a node annotation key only if no other field manager wrote it (``ownership``, from
+the Node's ``metadata.managedFields``; the agent writes as ``gpuslice-agent``). A key another
+component owns, e.g. the pair scores of HAMi's device plugin, is neither written nor deleted:
+one warning, an ``AnnotationOwnedElsewhere`` Warning event, ``gpuslice_agent_annotation_yielded``
+1 for that key. ``--register`` next to a registering HAMi device plugin is refused the same way
+(``RegistrationRefused``, ``gpuslice_agent_registration_refused 1``, ``/healthz`` text) and the
+agent keeps publishing the rest. Once the other writer deletes the key, the agent takes it again.
+
 Modules: ``backend`` (records and the ``Backend`` protocol), ``nvml`` (the only importer of
 ``pynvml``), ``fake`` (recorded machine shapes), ``collect`` (walk a backend), ``discover`` (pure:
 records to model objects), ``health`` (XID rules, tracker, event thread), ``publish`` (pure:
-annotation values and patches), ``metrics``, ``server`` (``/metrics``, ``/healthz``,
-``POST /refresh``), ``service`` (the loop), ``cli``.
+annotation values and patches), ``ownership`` (pure: which keys the agent may write), ``metrics``,
+``server`` (``/metrics``, ``/healthz``, ``POST /refresh``), ``service`` (the loop), ``cli``.
 
 API access (``gpuslice.kube.nodes``): get and patch its Node, create ``events.k8s.io`` Events in
 ``default``.

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import msgspec
 
 from gpuslice.agent import backend, discover, fake, health, metrics, server, service
+from gpuslice.codec import keys
 from gpuslice.kube import nodes
 
 log = logging.getLogger("gpuslice.agent")
@@ -33,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--register",
         action="store_true",
-        help="also write hami.io/node-nvidia-register (for clusters without HAMi's device plugin)",
+        help=(
+            "also write hami.io/node-nvidia-register (for clusters without HAMi's device plugin; "
+            "refused, with a warning, while another field manager owns that annotation)"
+        ),
     )
     parser.add_argument("--split-count", type=int, default=10, help="slots per card in the registration")
     parser.add_argument("--memory-scaling", type=float, default=1.0, help="registered memory = MiB x this")
@@ -133,6 +137,7 @@ def _once(agent: service.Agent) -> int:
         wanted, patched = agent.publish_telemetry()
         report.annotations.update(wanted)
         report.patched = sorted({*report.patched, *patched})
+        report.yielded = agent.yielded
     finally:
         agent.close()
     sys.stdout.write(msgspec.json.format(msgspec.json.encode(report), indent=2).decode() + "\n")
@@ -174,6 +179,7 @@ def _serve(agent: service.Agent, listen: str) -> int:
 
 
 def _health(agent: service.Agent) -> tuple[bool, str]:
+    """Always healthy (the liveness probe must not restart the agent for what it only reports)."""
     report = agent.last_report
     watcher = agent.watcher
     parts = [f"node {report.node}", f"backend {report.backend or 'unavailable'}"]
@@ -181,4 +187,11 @@ def _health(agent: service.Agent) -> tuple[bool, str]:
         parts.append(report.error)
     if watcher is not None and watcher.error:
         parts.append(watcher.error)
+    refused = agent.registration_refused
+    if refused is not None:
+        parts.append(refused)
+    others = {k: v for k, v in agent.yielded.items() if refused is None or k != keys.NODE_REGISTER}
+    if others:
+        owned = ", ".join(f"{k} ({', '.join(v)})" for k, v in others.items())
+        parts.append(f"left to other writers: {owned}")
     return True, "; ".join(parts)

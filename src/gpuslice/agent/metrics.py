@@ -13,7 +13,11 @@ _CARD = ("uuid", "index", "model")
 
 
 class AgentMetrics:
-    """Per-card gauges (temperature, power, memory, utilisation, health) and agent counters."""
+    """Per-card gauges (temperature, power, memory, utilisation, health) and agent counters.
+
+    ``annotation_yielded`` and ``registration_refused`` say which node annotation keys the agent
+    leaves to another writer (``agent.ownership``).
+    """
 
     def __init__(self) -> None:
         self.registry = prom.CollectorRegistry()
@@ -45,6 +49,22 @@ class AgentMetrics:
         self.patches = prom.Counter("gpuslice_agent_node_patches", "Node annotation patches sent", registry=r)
         self.events = prom.Counter(
             "gpuslice_agent_node_events", "Node events recorded", ["reason"], registry=r
+        )
+        self.annotation_yielded = prom.Gauge(
+            "gpuslice_agent_annotation_yielded",
+            "1 when another field manager owns this node annotation key, so the agent leaves it alone",
+            ["key"],
+            registry=r,
+        )
+        self.registration_refused = prom.Gauge(
+            "gpuslice_agent_registration_refused",
+            "1 when --register is on but another field manager owns hami.io/node-nvidia-register",
+            registry=r,
+        )
+        self.node_managed_fields = prom.Gauge(
+            "gpuslice_agent_node_managed_fields",
+            "1 when the Node records managedFields; 0: other writers of its annotations cannot be seen",
+            registry=r,
         )
         self._labels: dict[str, tuple[str, str, str]] = {}
 

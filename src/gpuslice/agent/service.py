@@ -3,6 +3,11 @@
 One thread (``Agent.run``) does every API call; the health watcher thread only queues changes and
 wakes it. Work is due by the monotonic clock (refresh period, telemetry period) or on demand
 (``request_refresh``: SIGHUP or ``POST /refresh``). Clocks and the backend factory are injected.
+
+Every write and delete goes through ``agent.ownership``: a key another field manager owns on the
+Node is left as it is, with one warning, one Node event and a gauge per key; with ``--register``
+and HAMi's device plugin registering the node, the registration is refused and the agent keeps
+publishing everything else.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Protocol
 
 import msgspec
 
-from gpuslice.agent import backend, collect, discover, health, metrics, publish
+from gpuslice.agent import backend, collect, discover, health, metrics, ownership, publish
 from gpuslice.codec import keys
 from gpuslice.kube import nodes as kube_nodes
 from gpuslice.model import devices, nodes
@@ -26,6 +31,12 @@ log = logging.getLogger(__name__)
 REASON_ASYMMETRIC = "AsymmetricGPUP2PLink"
 """HAMi's Node event reason for a pair with different NVLink counts on each side."""
 REASON_NVML_UNAVAILABLE = "NVMLUnavailable"
+REASON_OWNED_ELSEWHERE = "AnnotationOwnedElsewhere"
+"""Warning: another field manager owns a node annotation key the agent publishes; left alone."""
+REASON_REGISTRATION_REFUSED = "RegistrationRefused"
+"""Warning: ``--register``, but another field manager (HAMi's device plugin) registers the node."""
+CONFLICT_ATTEMPTS = 3
+"""Patches carry the resourceVersion read; on a 409 the Node is read and judged again, this often."""
 RETRY_S = 10.0
 """How soon a failed round is retried."""
 
@@ -33,12 +44,17 @@ RETRY_S = 10.0
 class NodeApi(Protocol):
     """What the agent needs from the API server about its own Node."""
 
-    def read(self) -> Mapping[str, str]:
-        """The Node's current annotations."""
+    @property
+    def field_manager(self) -> str:
+        """The field manager the patches carry (the agent's own name in managedFields)."""
         ...
 
-    def patch(self, changes: Mapping[str, str | None]) -> None:
-        """Merge-patch annotations (None removes)."""
+    def read_node(self) -> kube_nodes.NodeInfo:
+        """The Node's annotations, resourceVersion and managedFields."""
+        ...
+
+    def patch(self, changes: Mapping[str, str | None], resource_version: str | None = None) -> None:
+        """Merge-patch annotations (None removes); with ``resource_version``, only onto that version."""
         ...
 
     def event(self, type_: str, reason: str, note: str, action: str) -> None:
@@ -86,6 +102,8 @@ class Report(msgspec.Struct, kw_only=True):
         annotations: the values the agent wants on the Node.
         patched: keys sent (or, without an API, that would be sent).
         notes: what discovery could not read or found odd.
+        yielded: annotation keys left alone because another field manager owns them, with those
+            managers (``agent.ownership``).
         error: why nothing could be discovered, if so.
     """
 
@@ -94,6 +112,7 @@ class Report(msgspec.Struct, kw_only=True):
     annotations: dict[str, str] = msgspec.field(default_factory=dict)
     patched: list[str] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)
+    yielded: dict[str, list[str]] = msgspec.field(default_factory=dict)
     error: str | None = None
 
 
@@ -139,6 +158,9 @@ class Agent:
         self._nvml_error: str | None = None
         self._asymmetric_seen: frozenset[tuple[int, int]] = frozenset()
         self._published: dict[str, str] = {}
+        self._yielded: dict[str, tuple[str, ...]] = {}
+        self._tracked: bool | None = None
+        self._field_manager = api.field_manager if api is not None else kube_nodes.AGENT_FIELD_MANAGER
         self._devices: tuple[devices.GpuDevice, ...] = ()
         self._telemetry: tuple[nodes.CardTelemetry, ...] = ()
         self.last_report = Report(node=settings.node_name)
@@ -283,17 +305,76 @@ class Agent:
         self._report_asymmetry(found)
         try:
             report.patched = self._patch(desired, remove)
+            report.yielded = self.yielded
         except kube_nodes.NodeApiError as e:  # kept running, retried soon
             report.error = f"publishing failed: {e}"
             log.error("%s", report.error)
             self._next_refresh = self._clock() + min(RETRY_S, self.settings.refresh_s)
         return report
 
+    @property
+    def yielded(self) -> dict[str, list[str]]:
+        """Annotation keys the agent leaves to other field managers, with those managers."""
+        return {key: list(owners) for key, owners in sorted(self._yielded.items())}
+
+    @property
+    def registration_refused(self) -> str | None:
+        """Why ``--register`` is not registering (another manager owns the key), or None."""
+        owners = self._yielded.get(keys.NODE_REGISTER)
+        if not self.settings.register or owners is None:
+            return None
+        return (
+            f"registration refused: {keys.NODE_REGISTER} on node {self.settings.node_name} is written by "
+            f"field manager {', '.join(owners)} (HAMi's device plugin registers this node); "
+            "turn agent.register off (drop --register) where HAMi's device plugin runs; "
+            "topology and telemetry are still published"
+        )
+
     def _patch(self, desired: Mapping[str, str], remove: tuple[str, ...]) -> list[str]:
-        current = self._api.read() if self._api is not None else self._published
-        patch = publish.changes(current, desired, remove)
+        """Patch what changed among the keys no other field manager owns (``agent.ownership``).
+
+        The patch carries the resourceVersion the judgement was made on, so a write of another
+        component in between is never overwritten: on a 409 the Node is read and judged again.
+        """
+        attempt = 1
+        while True:
+            current, version, managers = self._current()
+            plan = ownership.plan(current, desired, remove, managers, self._field_manager)
+            self._note_owners((*desired, *remove), plan.yielded)
+            try:
+                self._send(plan.patch, version)
+            except kube_nodes.NodeApiError as e:
+                if e.status != 409 or attempt == CONFLICT_ATTEMPTS:
+                    raise
+                log.info("node %s changed while patching; reading it again", self.settings.node_name)
+                attempt += 1
+                continue
+            return sorted(plan.patch)
+
+    def _current(self) -> tuple[Mapping[str, str], str | None, dict[str, frozenset[str]]]:
+        """The Node's annotations, resourceVersion and annotation owners (dry run: what was sent)."""
+        if self._api is None:
+            return self._published, None, {}
+        node = self._api.read_node()
+        self._note_tracking(bool(node.managed_fields))
+        managers = ownership.annotation_managers(node.managed_fields)
+        return node.annotations, node.resource_version or None, managers
+
+    def _note_tracking(self, tracked: bool) -> None:
+        """Say once when the Node records no managedFields: then no other writer can be seen."""
+        self.metrics.node_managed_fields.set(1 if tracked else 0)
+        if not tracked and self._tracked is not False:
+            log.warning(
+                "node %s records no managedFields (the API server never starts them on an object "
+                "created without any tracked field): other writers of its annotations cannot be "
+                "told apart, so the agent writes as if it owned every key it publishes",
+                self.settings.node_name,
+            )
+        self._tracked = tracked
+
+    def _send(self, patch: Mapping[str, str | None], version: str | None) -> None:
         if patch and self._api is not None:
-            self._api.patch(patch)
+            self._api.patch(patch, version)
             self.metrics.patches.inc()
             log.info("patched node %s: %s", self.settings.node_name, ", ".join(sorted(patch)))
         for key, value in patch.items():
@@ -301,7 +382,33 @@ class Agent:
                 self._published.pop(key, None)
             else:
                 self._published[key] = value
-        return sorted(patch)
+
+    def _note_owners(self, considered: tuple[str, ...], yielded: Mapping[str, tuple[str, ...]]) -> None:
+        """Gauges for the keys judged; a warning and an event when a key's other owners change."""
+        for key in dict.fromkeys(considered):
+            owners = yielded.get(key)
+            self.metrics.annotation_yielded.labels(key).set(0 if owners is None else 1)
+            before = self._yielded.get(key)
+            if owners == before:
+                continue
+            if owners is None:
+                del self._yielded[key]
+                log.info("%s: no other field manager owns it any more; the agent writes it again", key)
+                continue
+            self._yielded[key] = owners
+            if key == keys.NODE_REGISTER and self.settings.register:
+                message = self.registration_refused or ""
+                log.error("%s", message)
+                self._event("Warning", REASON_REGISTRATION_REFUSED, message, "Register")
+            else:
+                message = (
+                    f"{key} on node {self.settings.node_name} is written by field manager "
+                    f"{', '.join(owners)}; the agent leaves it as it is (no write, no delete) while "
+                    "that manager owns it"
+                )
+                log.warning("%s", message)
+                self._event("Warning", REASON_OWNED_ELSEWHERE, message, "Publish")
+        self.metrics.registration_refused.set(0 if self.registration_refused is None else 1)
 
     def _report_asymmetry(self, found: discover.Discovery) -> None:
         pairs = frozenset((a.a, a.b) for a in found.asymmetric)
@@ -336,7 +443,9 @@ class Agent:
         try:
             if not gpus:  # nothing to report: remove stale readings, if any
                 return desired, self._patch(desired, (keys.GPU_TELEMETRY,))
-            current = (self._api.read() if self._api is not None else self._published).get(keys.GPU_TELEMETRY)
+            current = (self._api.read_node().annotations if self._api is not None else self._published).get(
+                keys.GPU_TELEMETRY
+            )
             if not publish.telemetry_changed(current, self._telemetry, wall, self.settings.refresh_s):
                 return desired, []
             return desired, self._patch(desired, ())

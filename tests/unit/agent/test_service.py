@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
-from gpuslice.agent import backend, fake, health, metrics, service
+from gpuslice.agent import backend, cli, fake, health, metrics, service
 from gpuslice.codec import keys, node_inventory
 from gpuslice.kube import nodes as kube_nodes
 
@@ -19,31 +19,69 @@ ALL_KEYS = TOPO_KEYS | {keys.NODE_REGISTER}
 
 
 class FakeApi:
-    """A Node in memory; records patches and events; can fail on demand."""
+    """A Node in memory; records patches and events; can fail on demand.
+
+    It keeps managedFields as the API server does for updates and patches: a manager that changes
+    or adds a key owns it alone from then on, a deleted key is nobody's (``write_as`` plays
+    another component; editing ``annotations`` directly changes no owner).
+    """
+
+    field_manager = kube_nodes.AGENT_FIELD_MANAGER
 
     def __init__(self, annotations: Mapping[str, str] | None = None) -> None:
         self.annotations = dict(annotations or {})
+        self.owners: dict[str, str] = {}
+        self.version = 1
         self.patches: list[dict[str, str | None]] = []
+        self.versions_sent: list[str | None] = []
         self.events: list[tuple[str, str, str]] = []
         self.fail = False
+        self.conflicts = 0
+        self.on_read: Callable[[], None] | None = None
         self.closed = False
         self._cond = threading.Condition()
 
-    def read(self) -> Mapping[str, str]:
+    def read_node(self) -> kube_nodes.NodeInfo:
         if self.fail:
             raise kube_nodes.NodeApiError(503, "apiserver down")
-        return dict(self.annotations)
+        labels: dict[str, dict[str, object]] = {"f:labels": {"f:kubernetes.io/hostname": {}}}
+        by_manager = {"kubelet": labels}  # as the kubelet registers a Node
+        for key, manager in self.owners.items():
+            by_manager.setdefault(manager, {}).setdefault("f:annotations", {})[f"f:{key}"] = {}
+        fields = tuple(
+            {"manager": m, "operation": "Update", "fieldsV1": {"f:metadata": meta}}
+            for m, meta in by_manager.items()
+        )
+        info = kube_nodes.NodeInfo(
+            "n1", "uid-1", self.annotations, resource_version=str(self.version), managed_fields=fields
+        )
+        if self.on_read is not None:  # something happens between the agent's read and its patch
+            self.on_read()
+        return info
 
-    def patch(self, changes: Mapping[str, str | None]) -> None:
+    def write_as(self, manager: str, changes: Mapping[str, str | None]) -> None:
+        """Another component's merge patch."""
+        for k, v in changes.items():
+            if v is None:
+                self.annotations.pop(k, None)
+                self.owners.pop(k, None)
+            elif self.annotations.get(k) != v:
+                self.annotations[k] = v
+                self.owners[k] = manager
+        self.version += 1
+
+    def patch(self, changes: Mapping[str, str | None], resource_version: str | None = None) -> None:
         if self.fail:
             raise kube_nodes.NodeApiError(503, "apiserver down")
+        self.versions_sent.append(resource_version)
+        if self.conflicts:
+            self.conflicts -= 1
+            raise kube_nodes.NodeApiError(409, "the object has been modified")
+        if resource_version is not None and resource_version != str(self.version):
+            raise kube_nodes.NodeApiError(409, "the object has been modified")
         with self._cond:
             self.patches.append(dict(changes))
-            for k, v in changes.items():
-                if v is None:
-                    self.annotations.pop(k, None)
-                else:
-                    self.annotations[k] = v
+            self.write_as(self.field_manager, changes)
             self._cond.notify_all()
 
     def event(self, type_: str, reason: str, note: str, action: str) -> None:
@@ -314,3 +352,130 @@ def test_nvml_failure_keeps_health_state(closing: list[service.Agent]) -> None:
         True,
         True,
     ]
+
+
+PLUGIN = "nvidia-device-plugin"
+HAMI = {
+    keys.NODE_REGISTER: '[{"id":"GPU-hami-0","count":10,"devmem":15360,"devcore":100}]',
+    keys.NODE_PAIR_SCORE: "[]",
+}
+
+
+def gauge(agent: service.Agent, name: str, key: str | None = None) -> float | None:
+    return agent.metrics.registry.get_sample_value(name, {"key": key} if key else {})
+
+
+def test_keys_another_writer_owns_are_left_alone() -> None:
+    api = FakeApi()
+    api.write_as(PLUGIN, HAMI)
+    agent, api, clock, nvml = make(api=api)
+    for i in range(3):
+        report = agent.refresh()
+        nvml.set_telemetry(0, temperature_c=40.0 + 10 * i)
+        agent.publish_telemetry()
+        assert report.error is None
+        assert report.yielded == {keys.NODE_REGISTER: [PLUGIN], keys.NODE_PAIR_SCORE: [PLUGIN]}
+        assert report.annotations[keys.NODE_REGISTER] != HAMI[keys.NODE_REGISTER]  # it would differ
+    assert {k: api.annotations[k] for k in HAMI} == HAMI
+    assert all(k not in p for p in api.patches for k in HAMI)  # never written, never deleted
+    assert [set(p) for p in api.patches].count({keys.GPU_TELEMETRY}) == 3  # its own keys: as before
+    assert api.owners[keys.GPU_TOPOLOGY] == api.owners[keys.GPU_TELEMETRY] == kube_nodes.AGENT_FIELD_MANAGER
+    assert api.reasons() == [service.REASON_OWNED_ELSEWHERE, service.REASON_REGISTRATION_REFUSED]  # once
+    assert keys.NODE_PAIR_SCORE in api.events[0][2] and PLUGIN in api.events[0][2]
+    refusal = api.events[1][2]
+    assert PLUGIN in refusal and "agent.register" in refusal and keys.NODE_REGISTER in refusal
+    assert gauge(agent, "gpuslice_agent_annotation_yielded", keys.NODE_REGISTER) == 1
+    assert gauge(agent, "gpuslice_agent_annotation_yielded", keys.NODE_PAIR_SCORE) == 1
+    assert gauge(agent, "gpuslice_agent_annotation_yielded", keys.GPU_TOPOLOGY) == 0
+    assert gauge(agent, "gpuslice_agent_annotation_yielded", keys.GPU_TELEMETRY) == 0
+    assert gauge(agent, "gpuslice_agent_registration_refused") == 1
+    assert gauge(agent, "gpuslice_agent_node_managed_fields") == 1
+    ok, text = cli._health(agent)
+    assert ok  # healthy: the liveness probe must not restart an agent whose telemetry is wanted
+    assert "registration refused" in text and f"{keys.NODE_PAIR_SCORE} ({PLUGIN})" in text
+
+
+def test_without_register_only_the_score_is_yielded() -> None:
+    api = FakeApi()
+    api.write_as(PLUGIN, HAMI)
+    agent, api, _, _ = make(api=api, register=False)
+    assert agent.refresh().yielded == {keys.NODE_PAIR_SCORE: [PLUGIN]}
+    assert api.reasons() == [service.REASON_OWNED_ELSEWHERE]
+    assert gauge(agent, "gpuslice_agent_registration_refused") == 0
+    assert gauge(agent, "gpuslice_agent_annotation_yielded", keys.NODE_REGISTER) is None  # not its key
+    assert "registration refused" not in cli._health(agent)[1]
+
+
+def test_no_cards_deletes_only_its_own_keys() -> None:
+    api = FakeApi()
+    api.write_as(kube_nodes.AGENT_FIELD_MANAGER, {keys.GPU_TOPOLOGY: "old"})
+    api.write_as(PLUGIN, {keys.NODE_PAIR_SCORE: "[]"})
+    agent, api, _, _ = make("none", api, register=False)
+    agent.refresh()
+    assert api.patches == [{keys.GPU_TOPOLOGY: None}]
+    assert api.annotations == {keys.NODE_PAIR_SCORE: "[]"}
+    assert api.reasons() == [service.REASON_OWNED_ELSEWHERE]
+
+
+def test_taken_again_when_the_other_writer_deletes_and_warned_again_when_it_returns() -> None:
+    api = FakeApi()
+    api.write_as(PLUGIN, HAMI)
+    agent, api, _, _ = make(api=api)
+    agent.refresh()
+    api.write_as(PLUGIN, {k: None for k in HAMI})  # the plugin is gone and cleaned up
+    report = agent.refresh()
+    assert report.patched == sorted(HAMI) and report.yielded == {}
+    assert {k: api.owners[k] for k in HAMI} == {k: kube_nodes.AGENT_FIELD_MANAGER for k in HAMI}
+    assert gauge(agent, "gpuslice_agent_registration_refused") == 0
+    assert gauge(agent, "gpuslice_agent_annotation_yielded", keys.NODE_REGISTER) == 0
+    api.write_as(PLUGIN, HAMI)  # it comes back: the API server moves the keys to it
+    assert agent.refresh().patched == []
+    assert {k: api.annotations[k] for k in HAMI} == HAMI
+    reasons = [service.REASON_OWNED_ELSEWHERE, service.REASON_REGISTRATION_REFUSED]
+    assert api.reasons() == reasons * 2
+    assert gauge(agent, "gpuslice_agent_registration_refused") == 1
+
+
+def test_a_write_between_read_and_patch_is_not_overwritten() -> None:
+    api = FakeApi()
+    agent, api, _, _ = make(api=api)
+
+    def plugin_writes() -> None:
+        api.on_read = None  # once
+        api.write_as(PLUGIN, HAMI)
+
+    api.on_read = plugin_writes
+    report = agent.refresh()
+    assert report.error is None
+    assert api.versions_sent == ["1", "2"]  # the first patch carried the version read and failed
+    assert {k: api.annotations[k] for k in HAMI} == HAMI
+    assert report.patched == [keys.GPU_TOPOLOGY] and api.patches == [
+        {keys.GPU_TOPOLOGY: report.annotations[keys.GPU_TOPOLOGY]}
+    ]
+    assert report.yielded == {keys.NODE_REGISTER: [PLUGIN], keys.NODE_PAIR_SCORE: [PLUGIN]}
+
+
+def test_conflicts_without_end_are_an_error_retried_soon() -> None:
+    agent, api, clock, _ = make()
+    api.conflicts = service.CONFLICT_ATTEMPTS
+    report = agent.refresh()
+    assert report.error is not None and "modified" in report.error
+    assert len(api.versions_sent) == service.CONFLICT_ATTEMPTS and api.patches == []
+    assert agent.cycle() <= service.RETRY_S
+    clock.now += service.RETRY_S
+    agent.cycle()
+    assert set(api.annotations) >= ALL_KEYS
+
+
+def test_a_node_without_managed_fields_is_said_once() -> None:
+    class Untracked(FakeApi):
+        def read_node(self) -> kube_nodes.NodeInfo:
+            info = super().read_node()
+            return kube_nodes.NodeInfo(
+                info.name, info.uid, info.annotations, resource_version=info.resource_version
+            )
+
+    agent, api, _, _ = make(api=Untracked())
+    agent.refresh()
+    assert set(api.annotations) == ALL_KEYS  # nothing tells who else wrote: as before
+    assert gauge(agent, "gpuslice_agent_node_managed_fields") == 0
