@@ -24,6 +24,8 @@ BUILD_SCRIPT = controlplane.REPO_ROOT / "hack" / "helm" / "build.sh"
 # kind -> (API prefix, plural, namespaced)
 _KINDS: dict[str, tuple[str, str, bool]] = {
     "ConfigMap": ("/api/v1", "configmaps", True),
+    "Pod": ("/api/v1", "pods", True),
+    "ResourceQuota": ("/api/v1", "resourcequotas", True),
     "Secret": ("/api/v1", "secrets", True),
     "Service": ("/api/v1", "services", True),
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
@@ -91,12 +93,59 @@ def template(
     release: str = "gpuslice",
     namespace: str = "gpuslice-system",
     chart: Path = CHART_DIR,
+    tests: bool = False,
+    kube_version: str | None = None,
+    kubeconfig: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """``helm template`` with ``values``; the rendered objects in order."""
-    text = helm(
-        "template", release, str(chart), "--namespace", namespace, *set_args(values or {}), chart=chart
-    )
+    """``helm template`` with ``values``; the rendered objects in order.
+
+    Args:
+        values: ``--set-json`` values.
+        release: the release name.
+        namespace: the release namespace.
+        chart: the chart directory.
+        tests: also render the ``helm test`` hooks (``helm install`` does not create them).
+        kube_version: the cluster version the chart sees (``--kube-version``; helm's default else).
+        kubeconfig: render against this cluster (``--validate --dry-run=server``): its version, and
+            ``lookup`` reads its objects, as ``helm install`` / ``helm upgrade`` do.
+    """
+    args = _render_args(release, chart, namespace, values, tests, kube_version, kubeconfig)
+    text = helm("template", *args, chart=chart)
     return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def template_text(
+    values: Mapping[str, object] | None = None,
+    *,
+    release: str = "gpuslice",
+    namespace: str = "gpuslice-system",
+    chart: Path = CHART_DIR,
+    tests: bool = False,
+    kube_version: str | None = None,
+) -> str:
+    """``helm template`` output as text (``template`` parses it; duplicate-key checks need the text)."""
+    args = _render_args(release, chart, namespace, values, tests, kube_version, None)
+    return helm("template", *args, chart=chart)
+
+
+def _render_args(
+    release: str,
+    chart: Path,
+    namespace: str,
+    values: Mapping[str, object] | None,
+    tests: bool,
+    kube_version: str | None,
+    kubeconfig: Path | None,
+) -> list[str]:
+    args = [release, str(chart), "--namespace", namespace, *set_args(values or {})]
+    if not tests:
+        args.append("--skip-tests")
+    if kube_version is not None:
+        args += ["--kube-version", kube_version]
+    if kubeconfig is not None:
+        # --validate: capabilities (the version) from the cluster; --dry-run=server: lookup reads it
+        args += ["--validate", "--dry-run=server", "--kubeconfig", str(kubeconfig)]
+    return args
 
 
 def lint(values: Mapping[str, object] | None = None, *, chart: Path = CHART_DIR) -> str:
@@ -133,3 +182,9 @@ def find(objects: Sequence[Mapping[str, Any]], kind: str, name_suffix: str = "")
         names = [o["metadata"]["name"] for o in objects if o.get("kind") == kind]
         raise ChartError(f"expected one {kind} named *{name_suffix}, found {len(hits)} among {names}")
     return hits[0]
+
+
+def pod_spec(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod spec of a rendered Pod, or of a Deployment's or DaemonSet's pod template."""
+    spec = obj["spec"] if obj.get("kind") == "Pod" else obj["spec"]["template"]["spec"]
+    return dict(spec)
