@@ -368,6 +368,9 @@ def build_library(dest_dir: Path | None = None, *, source: Path = SOURCE, compil
     digest = hashlib.sha256(b"\0".join([code, *(flag.encode() for flag in CFLAGS)])).hexdigest()[:16]
     target = (dest_dir if dest_dir is not None else cache_root()) / digest / LIBRARY_NAME
     if target.is_file():
+        # Readable by every user, as a driver's library is: containers that mount it (the node
+        # agent runs as 65532) must be able to map it. Older caches were made 0711.
+        target.chmod(0o755)
         return target
     cc = shutil.which(compiler)
     if cc is None:
@@ -390,6 +393,7 @@ def build_library(dest_dir: Path | None = None, *, source: Path = SOURCE, compil
             raise FakeNvmlError(
                 f"{compiler} failed on {source} (exit status {proc.returncode}):\n{proc.stderr.strip()}"
             )
+        os.chmod(tmp, 0o755)  # mkstemp made it 0600
         os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
