@@ -15,7 +15,7 @@ REPLAY_POLICIES ?= binpack,bestfit,fgd,fgd-lookahead
 REPLAY_SEEDS ?= 42-43
 REPLAY_LOADS ?= 0.8,0.9,0.95,1.0
 
-.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos test-node node control-plane helm chromium chart-docs bench clean
+.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos test-node node image control-plane helm chromium chart-docs bench clean
 
 venv: $(STAMP)
 
@@ -80,9 +80,17 @@ node:
 	bash hack/node/install.sh
 	bash hack/node/build.sh
 
-test-node: $(STAMP) control-plane node
+# Container images for real nodes: Debian's buildah and mmdebstrap (installed when missing, as root),
+# the gpuslice image from the Dockerfile on a Python base assembled from Debian bookworm's packages,
+# and a kube-scheduler image from the control plane's binary; OCI archives cached by a hash of their
+# inputs (hack/image)
+image: $(STAMP) control-plane
+	bash hack/image/install.sh && bash hack/image/build.sh
+
+test-node: $(STAMP) control-plane node image
 	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
 	GPUSLICE_NODE_BIN=$$(bash hack/node/build.sh | tail -1) \
+	GPUSLICE_IMAGE_DIR=$$(bash hack/image/build.sh | tail -1) \
 	  $(PY) -m pytest tests/node -m node -q
 
 test: lint typecheck test-unit test-integration test-e2e test-chaos test-node
