@@ -220,22 +220,32 @@ def take_node_lock(cp: ControlPlane, node: str, namespace: str, name: str, attem
     raise AssertionError(f"node {node}: lock still held after {attempts} tries")
 
 
-def place(cp: ControlPlane, pod: Mapping[str, Any], node: str, containers: Sequence[Sequence[Grant]]) -> None:
-    """Place a created, unbound pod as HAMi's scheduler does: the filter's patch, then the bind."""
+def claim_metadata(node: str, containers: Sequence[Sequence[Grant]]) -> dict[str, Any]:
+    """What HAMi's filter writes on the pod: the node, the time and both device keys as annotations,
+    and the node as a label."""
+    devices = encode_pod_devices(containers)
+    claim = {VGPU_NODE: node, VGPU_TIME: str(int(time.time())), TO_ALLOCATE: devices, ALLOCATED: devices}
+    return {"annotations": claim, "labels": {VGPU_NODE: node}}
+
+
+def filter_claim(
+    cp: ControlPlane, pod: Mapping[str, Any], node: str, containers: Sequence[Sequence[Grant]]
+) -> None:
+    """HAMi's filter: ``claim_metadata`` as a merge patch."""
+    meta = pod["metadata"]
+    status, body = cp.api_request(
+        "PATCH",
+        f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+        {"metadata": claim_metadata(node, containers)},
+    )
+    _ok(status, body, f"filter patch of {meta['namespace']}/{meta['name']}")
+
+
+def bind(cp: ControlPlane, pod: Mapping[str, Any], node: str) -> None:
+    """HAMi's bind: the node lock, ``bind-phase: allocating`` and ``bind-time``, then the Binding."""
     meta = pod["metadata"]
     ns, name = meta["namespace"], meta["name"]
     path = f"/api/v1/namespaces/{ns}/pods/{name}"
-    devices = encode_pod_devices(containers)
-    filtered = {
-        VGPU_NODE: node,
-        VGPU_TIME: str(int(time.time())),
-        TO_ALLOCATE: devices,
-        ALLOCATED: devices,
-    }
-    status, body = cp.api_request(
-        "PATCH", path, {"metadata": {"annotations": filtered, "labels": {VGPU_NODE: node}}}
-    )
-    _ok(status, body, f"filter patch of {ns}/{name}")
     take_node_lock(cp, node, ns, name)
     phase = {BIND_PHASE: "allocating", BIND_TIME: str(int(time.time()))}
     status, body = cp.api_request("PATCH", path, {"metadata": {"annotations": phase}})
@@ -248,3 +258,9 @@ def place(cp: ControlPlane, pod: Mapping[str, Any], node: str, containers: Seque
     }
     status, body = cp.api_request("POST", f"{path}/binding", binding)
     _ok(status, body, f"binding of {ns}/{name}")
+
+
+def place(cp: ControlPlane, pod: Mapping[str, Any], node: str, containers: Sequence[Sequence[Grant]]) -> None:
+    """Place a created, unbound pod as HAMi's scheduler does: the filter's patch, then the bind."""
+    filter_claim(cp, pod, node, containers)
+    bind(cp, pod, node)
