@@ -167,12 +167,24 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
         for obj in objects:  # what `helm install` sends
             status, body = cp.api_request("POST", chart.resource_path(obj), obj)
             assert status == 201, f"{obj['kind']}/{obj['metadata']['name']}: {body}"
-        # A GPU node whose device plugin nodesim plays; its own registration (one A10) is replaced
-        # by what the chart's agent discovers (the fake shape's four T4s).
+        # A GPU node whose device plugin nodesim plays. With `agent.register` the agent is the
+        # registrar, and it never overwrites a registration another component wrote: the one
+        # nodesim created the node with (one A10) is removed, as on a node whose device plugin does
+        # not register, and the agent registers what it discovers (the fake shape's four T4s).
         sim = devcluster.NodeSimThread(
             cp.kubeconfig,
             {NODE: {"model": "NVIDIA A10", "count": 1, "memory_mib": 24576, "labels": {"gpu": "on"}}},
         ).start()
+        deadline = time.monotonic() + 30
+        while cp.api_request("GET", f"/api/v1/nodes/{NODE}")[0] != 200:
+            assert time.monotonic() < deadline, f"nodesim did not create {NODE}"
+            time.sleep(0.1)
+        status, body = cp.api_request(
+            "PATCH",
+            f"/api/v1/nodes/{NODE}",
+            {"metadata": {"annotations": {"hami.io/node-nvidia-register": None}}},
+        )
+        assert status == 200, body
         runner = podrun.PodRunner(
             cp,
             objects,
