@@ -142,8 +142,10 @@ class ChartCluster(PodOps):
         return found
 
     def release_pods(self, component: str, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+        """The release's pods of one component, leaving out those already terminating."""
         selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}"
-        return self.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")
+        pods = self.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
     def lease_holder(self, name: str, namespace: str = NAMESPACE) -> str:
         status, body = self.cp.api_request(

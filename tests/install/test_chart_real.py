@@ -356,9 +356,13 @@ def test_helm_test_runs_its_check_pod(release: ChartCluster) -> None:
     assert phases and set(phases) == {"Succeeded"}, proc.stdout
 
 
-# What `helm uninstall` leaves, as docs/install.md says: the node annotations the agent and the
-# device plugin wrote, and the Lease kube-scheduler created at run time.
-DOCUMENTED_LEFTOVER_ANNOTATIONS = {"gpuslice.io/gpu-topology", "hami.io/node-nvidia-score"}
+# What `helm uninstall` leaves, as docs/install.md ("Uninstalling") lists it: gpuslice's own node
+# annotations, and the Lease kube-scheduler created at run time.
+DOCUMENTED_LEFTOVER_ANNOTATIONS = {
+    "gpuslice.io/gpu-topology",
+    "gpuslice.io/gpu-telemetry",
+    "gpuslice.io/capacity-freed",
+}
 
 
 def test_uninstall_leaves_what_the_docs_say(release: ChartCluster) -> None:
@@ -400,3 +404,10 @@ def test_uninstall_leaves_what_the_docs_say(release: ChartCluster) -> None:
         annotations = cluster.get(f"/api/v1/nodes/{name}")["metadata"].get("annotations", {})
         ours = {k for k in annotations if k.startswith("gpuslice.io/")}
         assert ours <= DOCUMENTED_LEFTOVER_ANNOTATIONS, ours
+    assert (
+        cluster.lease_holder(SCHEDULER_NAME) != ""
+        or cluster.cp.api_request(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{SCHEDULER_NAME}"
+        )[0]
+        == 200
+    ), "the documented kube-scheduler Lease"
