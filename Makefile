@@ -15,7 +15,7 @@ REPLAY_POLICIES ?= binpack,bestfit,fgd,fgd-lookahead
 REPLAY_SEEDS ?= 42-43
 REPLAY_LOADS ?= 0.8,0.9,0.95,1.0
 
-.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos test-node node image control-plane helm chromium chart-docs bench clean
+.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos test-node test-install node image control-plane helm chromium chart-docs bench clean
 
 venv: $(STAMP)
 
@@ -93,7 +93,16 @@ test-node: $(STAMP) control-plane node image
 	GPUSLICE_IMAGE_DIR=$$(bash hack/image/build.sh | tail -1) \
 	  $(PY) -m pytest tests/node -m node -q
 
-test: lint typecheck test-unit test-integration test-e2e test-chaos test-node
+# The chart installed with helm onto real nodes (tests/install): the same nodes as test-node, plus
+# kube-controller-manager, kube-proxy and a default kube-scheduler, and both images imported
+test-install: $(STAMP) control-plane node image helm
+	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
+	GPUSLICE_NODE_BIN=$$(bash hack/node/build.sh | tail -1) \
+	GPUSLICE_IMAGE_DIR=$$(bash hack/image/build.sh | tail -1) \
+	GPUSLICE_HELM=$$(bash hack/helm/build.sh | tail -1) \
+	  $(PY) -m pytest tests/install -m install -q
+
+test: lint typecheck test-unit test-integration test-e2e test-chaos test-node test-install
 
 # Benchmarks report medians and ratios from one run on this machine; results go to out/.
 bench: $(STAMP) control-plane
