@@ -23,7 +23,7 @@ import pytest
 from gpuslice.codec import keys, pod_devices
 from tests.install.conftest import CHART, FULLNAME, NAMESPACE, RELEASE, ChartCluster, helm_release_gone
 
-pytestmark = pytest.mark.install
+pytestmark = [pytest.mark.install, pytest.mark.timeout(600)]
 
 SCHEDULER_NAME = "gpuslice-scheduler"
 GPU = "nvidia.com/gpu"

@@ -18,7 +18,7 @@ import pytest
 
 from tests.install.conftest import CHART, NAMESPACE, ChartCluster, helm_release_gone
 
-pytestmark = pytest.mark.install
+pytestmark = [pytest.mark.install, pytest.mark.timeout(600)]
 
 RELEASE = "gsa"
 STANDALONE_FULLNAME = f"{RELEASE}-gpuslice"
