@@ -10,4 +10,7 @@
 - ``events``: a de-duplicating, rate-limited ``events.k8s.io/v1`` recorder.
 - ``lease``: Lease leader election.
 - ``nodes``: the node agent's synchronous Node calls.
+- ``tlsfiles`` (with ``x509``): the serving certificates of ``gpuslice serve`` and ``gpuslice
+  webhook``, reloaded when their files change, their expiry exported. Not API I/O, but both
+  servers use it and this is the lowest layer doing I/O they both stand on.
 """
