@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuslice.kube import tlsfiles
 from gpuslice.model import nodes
 
 MiB = 1 << 20
@@ -195,5 +196,6 @@ class Metrics:
             buckets=(0, 1, 2, 5, 10, 20, 30, 50, 75, 100),
             registry=r,
         )
+        self.tls = tlsfiles.Metrics(r)  # the serving certificate's expiry and reloads (HTTPS only)
         if states is not None:
             r.register(DeviceCollector(states))

@@ -6,13 +6,14 @@ invalid setting prints one clear line and exits with status 2), connects to the 
 informer feed, the event recorder and the bind path, and serves the app with uvicorn.
 
 With ``--tls-client-ca`` the HTTPS listener requires a client certificate signed by that CA
-(``ssl.CERT_REQUIRED``; a client without one fails the handshake). With ``--metrics-listen`` a
-second, plain-HTTP listener serves ``/metrics``, ``/healthz`` and ``/readyz`` (kubelet probes and
-Prometheus present no client certificate). Both are ``uvicorn.Server``s in one event loop; the
-lifespan (informers, leader election, recovery, events) runs on the main one only. The metrics
-listener starts first, so a port conflict ends the command before any service starts; one
-SIGTERM/SIGINT handler stops both (a second SIGINT forces the exit), and if either server fails
-the other is stopped and the command exits 1.
+(``ssl.CERT_REQUIRED``; a client without one fails the handshake). The certificate, key and CA
+files are read again every few seconds and reloaded when they change (``kube.tlsfiles``).
+With ``--metrics-listen`` a second, plain-HTTP listener serves ``/metrics``, ``/healthz`` and
+``/readyz`` (kubelet probes and Prometheus present no client certificate). Both are
+``uvicorn.Server``s in one event loop; the lifespan (informers, leader election, recovery, events)
+runs on the main one only. The metrics listener starts first, so a port conflict ends the command
+before any service starts; one SIGTERM/SIGINT handler stops both (a second SIGINT forces the
+exit), and if either server fails the other is stopped and the command exits 1.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from gpuslice.extender import preemption as preemptions
 from gpuslice.extender import shadow as shadows
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events as kevents
-from gpuslice.kube import lease, liveview, objects
+from gpuslice.kube import lease, liveview, objects, tlsfiles
 
 BEFORE_EXIT_S = 5.0
 """Longest wait on SIGTERM before the listeners close (the leader's pod label removal)."""
@@ -282,6 +283,9 @@ def main(args: argparse.Namespace) -> int:
     except Exception as err:  # noqa: BLE001 - startup problems end the command
         print(f"gpuslice serve: cannot start: {err}", file=sys.stderr)
         return 1
+    reloader = certificate_reloader(settings, main_config, deps.metrics)
+    if reloader is not None:  # the lifespan reads deps.services when it starts, after this
+        deps.services = [*deps.services, reloader.running]
     log.info(
         "serving",
         leader_elect=settings.leader_elect,
@@ -323,6 +327,25 @@ def listener_config(
         timeout_keep_alive=max(1, round(settings.idle_timeout_s)),  # uvicorn takes whole seconds
         limit_concurrency=settings.max_connections,  # connections beyond it are answered 503
     )
+
+
+def certificate_reloader(
+    settings: config.Settings,
+    main_config: uvicorn.Config,
+    m: metrics.Metrics,
+    period_s: float = tlsfiles.PERIOD_S,
+) -> tlsfiles.Reloader | None:
+    """The main listener's certificate reloader, its files loaded once (None without TLS).
+
+    Call it after ``main_config.load()``: it reloads into the SSL context uvicorn built there
+    (``kube.tlsfiles``), and runs as a lifespan service (``Reloader.running``).
+    """
+    if not settings.tls_cert or main_config.ssl is None:
+        return None
+    files = tlsfiles.Files(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    reloader = tlsfiles.Reloader(main_config.ssl, files, m.tls, period_s=period_s)
+    reloader.check()
+    return reloader
 
 
 class QuietServer(uvicorn.Server):
