@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gpuslice.kube import tlsfiles
+
 OPERATIONS = ("mutate", "validate")
 RESULTS = ("allowed", "patched", "denied", "error")
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -18,6 +20,8 @@ class Metrics:
         duration: ``gpuslice_webhook_request_duration_seconds{operation}``.
         max_cards: ``gpuslice_webhook_max_node_cards``: the most cards a registered node has
             (0 while unknown: the capacity check is skipped then).
+        tls: ``gpuslice_tls_certificate_expiry_timestamp_seconds{certificate="serving"}`` and
+            ``gpuslice_tls_certificate_reloads_total{result}`` (``kube.tlsfiles``).
     """
 
     def __init__(self) -> None:
@@ -40,6 +44,7 @@ class Metrics:
             "Most GPUs registered on one node (0: unknown, capacity check skipped)",
             registry=self.registry,
         )
+        self.tls = tlsfiles.Metrics(self.registry)  # the serving certificate's expiry and reloads
         for op in OPERATIONS:
             self.duration.labels(op)
             for result in RESULTS:

@@ -4,7 +4,8 @@ Reads the settings once (flags > ``GPUSLICE_WEBHOOK_*`` environment > defaults; 
 setting prints one line and exits with status 2), connects to the apiserver (``--kubeconfig``,
 else in-cluster, ``$KUBECONFIG`` or ``~/.kube/config``) to watch nodes for the capacity check,
 and serves the app with uvicorn, over HTTPS when ``--tls-cert`` and ``--tls-key`` are given (the
-apiserver calls webhooks over HTTPS only). RBAC: nodes get/list/watch.
+apiserver calls webhooks over HTTPS only; the files are read again every few seconds and reloaded
+when they change, ``kube.tlsfiles``). RBAC: nodes get/list/watch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator
 import uvicorn
 
 from gpuslice.kube import client as kclient
+from gpuslice.kube import tlsfiles
 from gpuslice.webhook import app as apps
 from gpuslice.webhook import capacity, config, metrics, mutate, validate
 
@@ -93,7 +95,24 @@ def main(args: argparse.Namespace) -> int:
         settings.deny_privileged,
         ",".join(settings.resource_names.all()),
     )
-    uvicorn.run(
+    server_config = listener_config(settings, deps)
+    try:
+        server_config.load()  # TLS files are read here: a bad certificate ends the command now
+    except Exception as err:  # noqa: BLE001 - startup problems end the command
+        print(f"gpuslice webhook: cannot start: {err}", file=sys.stderr)
+        return 1
+    reloader = certificate_reloader(settings, server_config, deps.metrics)
+    if reloader is not None:  # the lifespan reads deps.services when it starts, after this
+        deps.services = [*deps.services, reloader.running]
+    server = uvicorn.Server(server_config)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else 1
+
+
+def listener_config(settings: config.Settings, deps: apps.Deps) -> uvicorn.Config:
+    """The listener's uvicorn configuration (HTTPS when ``tls_cert`` is set)."""
+    return uvicorn.Config(
         apps.create_app(deps),
         host=settings.host,
         port=settings.port,
@@ -105,4 +124,22 @@ def main(args: argparse.Namespace) -> int:
         timeout_keep_alive=KEEP_ALIVE_S,
         limit_concurrency=MAX_CONNECTIONS,
     )
-    return 0
+
+
+def certificate_reloader(
+    settings: config.Settings,
+    server_config: uvicorn.Config,
+    m: metrics.Metrics,
+    period_s: float = tlsfiles.PERIOD_S,
+) -> tlsfiles.Reloader | None:
+    """The serving certificate's reloader, its files loaded once (None without TLS).
+
+    Call it after ``server_config.load()``: it reloads into the SSL context uvicorn built there
+    (``kube.tlsfiles``), and runs as a lifespan service (``Reloader.running``).
+    """
+    if not settings.tls_cert or server_config.ssl is None:
+        return None
+    files = tlsfiles.Files(settings.tls_cert, settings.tls_key)
+    reloader = tlsfiles.Reloader(server_config.ssl, files, m.tls, period_s=period_s)
+    reloader.check()
+    return reloader
