@@ -408,7 +408,10 @@ def test_standalone_mode_leads_with_its_own_lease(install: Install, tmp_path: Pa
                 node_name="cp-0",
             )
         )
-        install.wait(lambda: install.http(metrics, "/readyz")[0] == 200, 60, "standalone extender never led")
+        # A synced follower is Ready too (``ok (follower)``); the leader answers plain ``ok``.
+        install.wait(
+            lambda: install.http(metrics, "/readyz")[1].strip() == "ok", 60, "standalone extender never led"
+        )
         status, lease = cp.api_request(
             "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{release}-gpuslice"
         )
