@@ -208,7 +208,10 @@ class Extender:
         return self
 
     def start(self, timeout: float = 60.0, wait_ready: bool = True) -> Extender:
-        """Start it and wait until ``/readyz`` answers 200 (caches synced, leading) on ``probe_url``.
+        """Start it and wait until ``/readyz`` answers 200 on ``probe_url``.
+
+        200 means caches synced, and leading, unless the replica knows its own pod
+        (``--pod-name``): then a synced follower is ready too.
 
         Args:
             timeout: seconds to wait.
