@@ -1,11 +1,13 @@
-"""What the container image runs, checked without a container runtime.
+"""What the server install holds, checked on the wheel the Dockerfile installs.
 
-The Dockerfile cannot be built on the development machine (no docker, podman or buildkit), so this
-test repeats its steps outside a container: copy the build context the Dockerfile copies, build the
-wheel with the pinned setuptools (``--no-build-isolation``), create a fresh venv without pip, install
-the wheel under ``--constraint requirements.lock`` (the server install: no ``sim`` extra), then run
-the server commands from that venv. It needs no control plane; it lives in the integration tier
-because it installs packages (pip downloads on a cold cache, hence the long timeout).
+The image itself is built by ``hack/image/build.sh`` and run on real nodes by the node tier
+(``tests/node/test_image.py``: user, read-only root, no pip or compiler, every subcommand). This
+test checks the package the Dockerfile's steps install, quickly and in detail, outside a container:
+copy the build context the Dockerfile copies, build the wheel with the pinned setuptools
+(``--no-build-isolation``), create a fresh venv without pip, install the wheel under ``--constraint
+requirements.lock`` (the server install: no ``sim`` extra), then run the server commands from that
+venv. It needs no control plane; it lives in the integration tier because it installs packages (pip
+downloads on a cold cache, hence the long timeout).
 """
 
 from __future__ import annotations
