@@ -4,7 +4,8 @@ One session fixture builds the cluster an operator would install into, every par
 binary: etcd and kube-apiserver (on an address pods can reach, service accounts on),
 kube-controller-manager, kube-proxy, kube-scheduler as the cluster's default scheduler, and two real
 nodes (kubelet, containerd, runc, a CNI bridge each) with a HAMi-protocol device plugin over the
-fake NVML library (``hack/fake-nvml``), as the prerequisite HAMi's device plugin would be. Both
+fake NVML library (``hack/fake-nvml``), as the prerequisite HAMi's device plugin would be
+(``GPUSLICE_NODE_PLUGIN`` names another plugin, HAMi's own among them, as in the node tier). Both
 images from ``hack/image/build.sh`` (gpuslice's, and kube-scheduler's made from the Go-built
 binary, standing in for ``registry.k8s.io/kube-scheduler``) are imported into each node's
 containerd under the names the chart uses by default, as a registry pull would leave them.
@@ -27,9 +28,10 @@ from typing import Any
 
 import pytest
 
-from gpuslice.devcluster import clusterhost, fakenvml, images, nodeplugins, realnode
+from gpuslice.devcluster import clusterhost, fakenvml, images, realnode
 from gpuslice.devcluster.controlplane import REPO_ROOT, ControlPlane
 from tests.chaos import audit
+from tests.node.conftest import plugin_command
 from tests.node.pods import PodOps
 
 CHART = REPO_ROOT / "charts" / "gpuslice"
@@ -211,7 +213,7 @@ def chart_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartClu
         services = clusterhost.ClusterServices(cp, work / "services")
         services.start_controller_manager()
         cp.start_scheduler(DEFAULT_SCHEDULER.format(kubeconfig=cp.kubeconfig))
-        plugin = nodeplugins.gpuslice_plugin("nvml")
+        plugin = plugin_command(work)
         for name, (index, shape) in NODES.items():
             nodes[name] = realnode.RealNode(
                 cp, name, index, root / name, plugin=plugin, machine=shape, labels={"gpu": "on"}
