@@ -141,7 +141,7 @@ def test_the_cheapest_victims_on_one_card_make_room(e2e_cluster: Cluster, own_no
     preempting = e2e_cluster.wait_event(ns, "hp", "Preempting")
     note = preempting["message"]
     assert own_node.name in note and own_node.card(0) in note
-    assert f"{ns}/a0" in note and f"{ns}/b0" in note and "c1" not in note
+    assert f"{ns}/a0" in note and f"{ns}/b0" in note and f"{ns}/c1" not in note and f"{ns}/d1" not in note
     for victim in ("a0", "b0"):
         event = e2e_cluster.wait_event(ns, victim, "Preempted")
         assert f"{ns}/hp" in event["message"] and own_node.card(0) in event["message"]
