@@ -111,6 +111,7 @@ async def from_cluster(
                 kube,
                 s.request_config,
                 transform=lambda inv: feed.scale(inv, s.memory_scaling, s.core_scaling),
+                claim_expiry_s=s.node_lock_expiry_s or config.DEFAULT_LOCK_EXPIRY_S,
             )
     except kerrors.ApiError as err:
         raise Failure(f"cannot read the cluster: {err}") from None

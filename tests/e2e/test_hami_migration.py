@@ -20,9 +20,10 @@ Checked from the API alone (``gpuaudit``, which decodes with HAMi's formats, not
   not to the card with more free memory whose cores a HAMi pod holds;
 - no card is over its memory, cores or slots, and no card held whole is shared;
 - a pod whose cards HAMi's filter had claimed, but which HAMi's scheduler never bound (it stopped
-  between the two), is bound by gpuslice once the runbook's step has cleared that claim; left in
-  place, the claim keeps the pod Pending (``test_a_leftover_hami_filter_claim_*``, expected to
-  fail until gpuslice clears such claims itself);
+  between the two), is bound by gpuslice once the runbook's optional step has cleared that claim;
+  left in place, the claim counts as held until it is older than the node lock expiry (5 min), and
+  then gpuslice binds the pod over it (``test_a_leftover_hami_filter_claim_*``,
+  ``test_a_young_hami_filter_claim_*``);
 - HAMi's pods are untouched (annotations, labels, node and resourceVersion);
 - gpuslice's per-card metrics count HAMi's grants;
 - gpuslice holds its own Lease, and HAMi's is left alone;
@@ -72,6 +73,8 @@ GPU, MEM, PCT, CORES = (
 )
 USE_UUID = "nvidia.com/use-gpuuuid"
 MiB = 1024 * 1024
+LOCK_EXPIRY_S = 300
+"""The chart's ``nodeLock.expiry`` (HAMi's default ``--node-lock-timeout``): a claim older is stale."""
 
 A, B = "hami-a", "hami-b"
 CARDS = {
@@ -273,6 +276,32 @@ class Migration:
 
     def audit(self) -> gpuaudit.Audit:
         return gpuaudit.audit(*self.cluster())
+
+    def events(self, name: str, reason: str) -> list[str]:
+        """The messages of the pod's events with this reason."""
+        status, body = self.cp.api_request(
+            "GET", f"/api/v1/namespaces/{WORK}/events?fieldSelector=involvedObject.name%3D{name}"
+        )
+        assert status == 200, body
+        return [e["message"] for e in body["items"] if e.get("reason") == reason]
+
+    def gpuslice_events(self, name: str, reason: str) -> list[str]:
+        """gpuslice's events with this reason about the pod, once there is one (gpuslice sends its
+        events in the background)."""
+        found: list[str] = self.wait(lambda: self.events(name, reason), 30, f"no {reason} event for {name}")
+        return found
+
+    def create_claimed(self, hp: HamiPod, written: int) -> None:
+        """Create ``hp`` with the claim HAMi's filter wrote at ``written``, and no bind after it."""
+        body = hp.body()  # created with the claim, so gpuslice never sees it without one
+        claim = hamiwire.claim_metadata(hp.node, hp.grants())
+        claim["annotations"][hamiwire.VGPU_TIME] = str(written)
+        body["metadata"].update(claim, annotations={**FILTERED_ANNOTATIONS, **claim["annotations"]})
+        status, created = self.cp.api_request("POST", f"/api/v1/namespaces/{WORK}/pods", body)
+        assert status == 201, created
+
+    def delete(self, name: str) -> None:
+        self.cp.api_request("DELETE", f"/api/v1/namespaces/{WORK}/pods/{name}?gracePeriodSeconds=0")
 
     def failed_scheduling(self, name: str) -> str:
         """The pod's latest FailedScheduling message; fails at once if the pod gets bound instead."""
@@ -620,25 +649,59 @@ def test_pods_that_fit_only_if_hami_grants_were_ignored_stay_pending(migration: 
     assert f"largest free is {largest_free} MiB" in doc["change"], doc["change"]
 
 
+def _claimed_late(name: str) -> HamiPod:
+    """A pod HAMi's filter claimed 1000 MiB of a1 for; HAMi's scheduler then stopped."""
+    return HamiPod(name, A, (Ctr("main", {GPU: "1", MEM: "1000"}, (grant(A, 1, 1000, 0),)),))
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="gpuslice's cache holds an unbound pod's HAMi filter claim, and its bind then refuses the pod"
-    " ('already holds an allocation'); the runbook clears such claims before gpuslice starts",
-)
 def test_a_leftover_hami_filter_claim_does_not_keep_its_pod_pending(migration: Migration) -> None:
+    """A claim older than the node lock expiry, no lock naming the pod: gpuslice binds over it."""
     m = migration
-    late = HamiPod("h-claimed-late", A, (Ctr("main", {GPU: "1", MEM: "1000"}, (grant(A, 1, 1000, 0),)),))
-    body = late.body()  # created with the claim, so gpuslice never sees it without one
-    claim = hamiwire.claim_metadata(late.node, late.grants())
-    body["metadata"].update(claim, annotations={**FILTERED_ANNOTATIONS, **claim["annotations"]})
-    status, created = m.cp.api_request("POST", f"/api/v1/namespaces/{WORK}/pods", body)
-    assert status == 201, created
+    late = _claimed_late("h-claimed-late")
+    written = int(time.time()) - LOCK_EXPIRY_S - 60
+    m.create_claimed(late, written)
     try:
-        m.placed([late.name], timeout=12)  # unclaimed, it binds within 2 s
+        pod = m.placed([late.name], timeout=30)[late.name]  # held, it would wait 5 minutes
+        assert_placed(late.name, pod, late.containers[0].limits)
+        ann = pod["metadata"]["annotations"]
+        # the claim's every key is gpuslice's now: its time, and the device plugin took its entries
+        assert int(ann[hamiwire.VGPU_TIME]) > written + LOCK_EXPIRY_S, ann
+        (replaced,) = m.gpuslice_events(late.name, "StaleClaimReplaced")
+        assert f"stale claim on node {A} (written at {written}" in replaced, replaced
+        report = m.audit()
+        assert report.problems == [], report.problems
     finally:
-        m.cp.api_request("DELETE", f"/api/v1/namespaces/{WORK}/pods/{late.name}?gracePeriodSeconds=0")
+        m.delete(late.name)
+
+
+@pytest.mark.timeout(120)
+def test_a_young_hami_filter_claim_keeps_its_pod_pending_until_it_is_stale(migration: Migration) -> None:
+    """A claim HAMi's scheduler could still bind counts as held; it turns stale with time alone."""
+    m = migration
+    late = _claimed_late("h-claimed-young")
+    left_s = 15
+    written = int(time.time()) - LOCK_EXPIRY_S + left_s
+    stale_at = written + 1 + LOCK_EXPIRY_S  # its second's end, plus the expiry
+    m.create_claimed(late, written)
+    try:
+        message = m.failed_scheduling(late.name)  # fails at once should the pod be bound meanwhile
+        # the filter's reason; or, when the filter ran before gpuslice's watch showed the pod, the
+        # bind's refusal, which judges the claim again once it holds the node lock
+        assert "ForeignClaimHeld" in message or f"another scheduler's claim on node {A}" in message, message
+        (note, *_) = m.gpuslice_events(late.name, "FilteringFailed")
+        assert f"another scheduler's claim on node {A} (hami.io/vgpu-time {written}" in note, note
+        assert time.time() < stale_at, "the claim went stale before the check: raise left_s"
+        pod = m.placed([late.name], timeout=left_s + 45)[late.name]  # no pod or node write in between
+        ann = pod["metadata"]["annotations"]
+        assert int(ann[hamiwire.BIND_TIME]) >= stale_at, (ann, stale_at)  # not bound while held
+        assert_placed(late.name, pod, late.containers[0].limits)
+        (replaced,) = m.gpuslice_events(late.name, "StaleClaimReplaced")
+        assert f"stale claim on node {A} (written at {written}" in replaced, replaced
+        report = m.audit()
+        assert report.problems == [], report.problems
+    finally:
+        m.delete(late.name)
 
 
 # ----------------------------------------------------------------------------- the audit can fail

@@ -58,8 +58,8 @@ from gpuslice.extender import explain as explains
 from gpuslice.extender import pending as pendings
 from gpuslice.extender import preemption as preemptions
 from gpuslice.extender import shadow as shadows
+from gpuslice.kube import claims, objects
 from gpuslice.kube import errors as kerrors
-from gpuslice.kube import objects
 from gpuslice.model import requests, status
 from gpuslice.policy import batch, registry
 
@@ -431,6 +431,10 @@ class Handlers:
             self._count(outcome)
             result = wire.ExtenderFilterResult(outcome.feasible, outcome.failed, outcome.unresolvable)
             return wire.ENCODER.encode(result)
+        # Another scheduler's claim on the pod, judged now, before the snapshot (a claim that just
+        # turned stale leaves the cache here): while that scheduler may still act on it, the pod
+        # waits (kube.claims).
+        claim = deps.flow.held_claim(_key(pod)) if pod.wants_gpu else None
         snap = self._snapshot(pod)
         if pod.wants_gpu and pod.uid not in self._seen:
             self._seen.put(pod.uid, True)
@@ -442,9 +446,12 @@ class Handlers:
         if self._workload.flush():
             snap = self._snapshot(pod)  # the workload changed: score against the new one
         busy = self._busy(pod)
-        outcome = scheduling.filter_nodes(
-            snap, pod, names, deps.policies, self.log, deps.invalid_nodes, deps.excluded, busy
-        )
+        if claim is not None:  # the pod waits for the claim; preemption cannot help: unresolvable
+            outcome = scheduling.reject_all(names, status.FOREIGN_CLAIM_HELD)
+        else:
+            outcome = scheduling.filter_nodes(
+                snap, pod, names, deps.policies, self.log, deps.invalid_nodes, deps.excluded, busy
+            )
         deps.flow.remember(pod)
         if busy is not _NOTHING_BUSY and deps.policies.extender_decides and len(outcome.feasible) == 1:
             deps.flow.claim(_key(pod), outcome.feasible[0])  # taken until its bind arrives
@@ -459,6 +466,8 @@ class Handlers:
             )
             self._score_memo.put(pod.uid, filtered)
         summary = "Filter: " + scheduling.summary(outcome)
+        if claim is not None:
+            summary += "; " + claims.waiting_note(_key(pod), claim, deps.flow.clock())
         deps.flow.mark_unschedulable(pod.uid, pod.wants_gpu and not outcome.feasible)
         if pod.wants_gpu:
             deps.pending.note(pod, bool(outcome.feasible), summary)  # kept only while nothing fits

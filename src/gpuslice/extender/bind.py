@@ -42,6 +42,14 @@ The order of one GPU bind, and why each step is where it is:
    lock stay, and a resolver task reads the pod until it can tell: bound here with our
    annotations (done), not bound (the Binding is sent again), gone or bound elsewhere (undone).
 
+A pod may carry another scheduler's filter claim that no bind took up (HAMi's scheduler stopped
+between its filter and its bind; ``kube.claims``). While that claim is held (younger than the node
+lock's expiry, or a lock names the pod) the cache charges it, and the bind refuses the pod with the
+reason and the time left (``claims.waiting_note``); once stale the cache no longer charges it, the
+pod is placed as if it held nothing, and its Binding overwrites every key of the claim, with a
+``StaleClaimReplaced`` event and a log line. The feed (``truth``) judges the claim at the bind
+(``ClaimSource``), so the bind never waits for the feed's next pass.
+
 A crash before the Binding leaves only the node lock, which names a pod nothing will bind: the
 recovery loop releases it after the orphan grace (or a retried bind of the pod adopts it). A crash
 after it leaves a bound pod with its devices (without the label if it came before the label
@@ -57,7 +65,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -77,6 +85,7 @@ from gpuslice.extender import (
     view,
     wire,
 )
+from gpuslice.kube import claims as kclaims
 from gpuslice.model import allocations, requests, status
 from gpuslice.model import config as model_config
 from gpuslice.policy import fit
@@ -133,6 +142,15 @@ class Trusting:
 
     async def settle(self, node: str, resource_version: str) -> None:
         """Nothing to do: no other writer exists."""
+
+
+@runtime_checkable
+class ClaimSource(Protocol):
+    """Judges another scheduler's filter claim on a pod (``feed.Feed`` does, through ``kube.sync``)."""
+
+    def foreign_claim(self, key: str) -> kclaims.Claim | None:
+        """Pod ``key``'s filter claim that no bind took up, judged now (the cache follows at once)."""
+        ...
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -194,6 +212,8 @@ class _Bind:
     pod: requests.PodRequest
     alloc: allocations.PodAllocation
     started: float
+    replaces: kclaims.Claim | None = None
+    """Another scheduler's stale claim on the pod, which the Binding overwrites."""
 
     @property
     def key(self) -> str:
@@ -239,6 +259,8 @@ class BindFlow:
     monotonic: Callable[[], float] = time.monotonic
     on_bound: Callable[[requests.PodRequest, str, allocations.PodAllocation], None] | None = None
     """Told of every GPU pod this flow bound (pod, node, cards), after the fact (shadow mode)."""
+    foreign_claims: ClaimSource | None = None
+    """Judges other schedulers' claims on pods; None: ``truth`` when it does (the feed), else none."""
     _pods: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*PODS_MEMO, requests.footprint))
     _scores: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*SMALL_MEMO, memo.strings))
     _filters: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*SMALL_MEMO, memo.strings))
@@ -252,6 +274,8 @@ class BindFlow:
     """Pod key -> (node, monotonic time) the filter chose for it, until its bind starts (``claim``)."""
 
     def __post_init__(self) -> None:
+        if self.foreign_claims is None and isinstance(self.truth, ClaimSource):
+            self.foreign_claims = self.truth
         self._waiter = nodelock.LockWaiter(self.binder, self._now, self.metrics, self.lock_wait_s)
         self._nudger = requeue.Nudger(self.binder.touch_node, self._now, self.metrics, self.log)
 
@@ -332,6 +356,18 @@ class BindFlow:
             top = np.argsort(-scores, kind="stable")[:3].tolist()
             self._scores.put(uid, [(names[i], int(scores[i])) for i in top])
 
+    def _foreign_claim(self, key: str) -> kclaims.Claim | None:
+        source = self.foreign_claims
+        return source.foreign_claim(key) if source is not None else None
+
+    def held_claim(self, key: str) -> kclaims.Claim | None:
+        """Another scheduler's claim on pod ``key`` that still counts as held, judged now; else None.
+
+        The filter refuses such a pod on every node (``status.FOREIGN_CLAIM_HELD``).
+        """
+        claim = self._foreign_claim(key)
+        return claim if claim is not None and claim.held else None
+
     def is_live(self, key: str) -> bool:
         """True while a bind (or the resolver of an ambiguous one) of pod ``ns/name`` runs here."""
         return key in self._live
@@ -406,6 +442,12 @@ class BindFlow:
             return pod
         if not pod.wants_gpu:
             return await self._bind_plain(ns, name, uid, node)
+        # Another scheduler's claim on the pod, judged now: held, the pod waits for it; stale, the
+        # cache no longer charges it, the pod is placed as if it held nothing and the Binding
+        # overwrites the claim.
+        claim = self._foreign_claim(key)
+        if claim is not None and claim.held:
+            return Outcome("rejected", kclaims.waiting_note(key, claim, self.clock()))
         placed = self._reserve(key, uid, node, pod)
         if isinstance(placed, Outcome):
             if placed.result != "held":
@@ -413,7 +455,7 @@ class BindFlow:
             if await self._bound_anyway(ns, name, uid, node):
                 return REPEAT
             return Outcome("rejected", placed.error)
-        job = _Bind(ns, name, uid, node, pod, placed, started)
+        job = _Bind(ns, name, uid, node, pod, placed, started, claim)
         self._live[key] = node
         handed_over = False
         try:
@@ -485,6 +527,22 @@ class BindFlow:
             return Outcome("no_fit", f"pod no longer fits node {node}: {','.join(verdict.reasons)}")
         return alloc
 
+    def _claim_refuses(self, job: _Bind) -> Outcome | None:
+        """After the truth check: another scheduler's claim on the pod, judged again.
+
+        The watch may have shown the pod only now. A held claim refuses the bind; a stale one is
+        what the Binding replaces. The lock on our node names the pod now, taken by this bind: it
+        keeps no claim held.
+        """
+        claim = self._foreign_claim(job.key)
+        ours = claim is not None and claim.state is kclaims.State.LOCKED and claim.node == job.node
+        if claim is not None and ours:
+            claim = kclaims.unlocked(claim, self.clock())
+        if claim is not None and claim.held:
+            return Outcome("rejected", kclaims.waiting_note(job.key, claim, self.clock()))
+        job.replaces = claim
+        return None
+
     def _readmit(self, job: _Bind) -> Outcome | None:
         """After the truth check: admit the reservation again, re-placing it if it no longer fits."""
         if not self.cache.forget(job.key):
@@ -549,7 +607,7 @@ class BindFlow:
             self.metrics.api_errors.labels(err.operation).inc()
             await self._undo(job)
             return self._failed(job, err)
-        refused = self._readmit(job)
+        refused = self._claim_refuses(job) or self._readmit(job)
         if refused is None and self.monotonic() >= deadline:
             # Writing now could outlive the recovery grace another replica allows a live bind.
             refused = Outcome(
@@ -658,9 +716,31 @@ class BindFlow:
         )
         self.events.record(job.ns, job.name, uid, "Normal", "GPUAllocated", "Binding", note[:1024])
         self.log.v(2, "bound", pod=job.key, node=job.node, devices=describe(job.alloc))
+        if job.replaces is not None:
+            self._replaced(job, job.replaces)
         if self.on_bound is not None:
             self.on_bound(job.pod, job.node, job.alloc)
         return BOUND
+
+    def _replaced(self, job: _Bind, claim: kclaims.Claim) -> None:
+        """Say that the Binding overwrote another scheduler's stale claim."""
+        self.events.record(
+            job.ns,
+            job.name,
+            job.uid,
+            "Normal",
+            "StaleClaimReplaced",
+            "Binding",
+            kclaims.replaced_note(claim, job.node)[:1024],
+        )
+        self.log.info(
+            "bind: replaced another scheduler's stale claim",
+            pod=job.key,
+            node=job.node,
+            claimed=claim.node,
+            written=claim.written,
+            age_s=f"{claim.age_s:.0f}",
+        )
 
     def _bound_by_another(self, job: _Bind) -> Outcome:
         """The pod was bound to our node by another writer, with its own devices.
@@ -694,6 +774,7 @@ class BindFlow:
         recovery loop releases after its grace.
         """
         self.cache.forget(job.key)
+        self._foreign_claim(job.key)  # another scheduler's held claim on the pod is charged again
         try:
             await self.binder.unlock_node(job.node, job.ns, job.name)
         except binders.BindFailure as err:

@@ -13,6 +13,11 @@ cache. On top of it the extender adds:
 * node liveness (``liveness.NodeHealth``) from every node event;
 * ``unbound_claims``: pods carrying a node claim (``hami.io/vgpu-node``) but no binding, which
   the recovery loop inspects for orphans without scanning every pod;
+* another scheduler's filter claims (``kube.claims``), judged against the node lock's expiry
+  (``node_lock_expiry_s``): ``kube.sync`` charges one while it is held and drops it once stale;
+  the claims are judged again every second and when a node's lock changes,
+  each change is logged, a claim turning stale nudges the Pending pods (``on_capacity_freed``),
+  and ``foreign_claim(key)`` gives the bind path a pod's claim judged now;
 * ``settle(node, resourceVersion)``, the bind path's truth check: wait until the pod watch has
   passed the node lock's resourceVersion; if it has not within ``TRUTH_WAIT_S``, read the node's
   claimed pods from the API and apply them to the cache as the watch would.
@@ -35,10 +40,10 @@ from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
 from gpuslice.extender import binder as binders
 from gpuslice.extender import config, liveness, logs, metrics, tasks
+from gpuslice.kube import claims, informer, objects, pods, sync
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import events as kevents
-from gpuslice.kube import informer, objects, pods, sync
 from gpuslice.model import nodes
 
 STALL_COOLOFF_FACTOR = 5.0
@@ -93,7 +98,10 @@ class Feed:
             request_config=s.request_config,
             transform=lambda inv: scale(inv, s.memory_scaling, s.core_scaling),
             resync_s=s.resync_period_s,
+            claim_expiry_s=s.node_lock_expiry_s or config.DEFAULT_LOCK_EXPIRY_S,
+            clock=lambda: self.clock(),
         )
+        self.sync.on_claim = self._claim_changed
         self.invalid_nodes = self.sync.invalid_nodes
         """Node -> why its registration was rejected (a live view)."""
         self.sync.nodes.handler = self._on_node
@@ -111,6 +119,8 @@ class Feed:
         )
         self.unbound_claims: dict[str, objects.Pod] = {}
         """Pod key -> pod, for pods with ``hami.io/vgpu-node`` and no ``spec.nodeName``."""
+        self._locks: dict[str, str] = {}
+        """Node -> its ``hami.io/mutex.lock`` as last seen (claims are judged again when it changes)."""
         self._inits_released: set[str] = set()
         """Keys of held pods whose init containers all succeeded (charged their app containers only)."""
         self.clock: Callable[[], float] = time.time
@@ -141,6 +151,30 @@ class Feed:
         except codec_errors.DecodeError:
             return None
         return f"{lock.namespace}/{lock.name}" if lock.has_owner else None
+
+    def foreign_claim(self, key: str) -> claims.Claim | None:
+        """Pod ``key``'s filter claim that no bind took up, judged now; the cache follows at once."""
+        return self.sync.foreign_claim(key)
+
+    def _claim_changed(self, key: str, claim: claims.Claim) -> None:
+        if claim.held:
+            held_again = "another scheduler's claim counts as held again"
+            self.log.info(held_again, pod=key, node=claim.node, state=claim.state.value)
+            return
+        self.log.info(
+            "another scheduler's claim is stale: no longer counted, the pod's bind replaces it",
+            pod=key,
+            node=claim.node,
+            written=claim.written,
+            age_s=f"{claim.age_s:.0f}",
+        )
+
+    def recheck_claims(self, node: str | None = None) -> None:
+        """Judge other schedulers' claims again (``kube.sync.Sync.recheck_claims``); nudge on stale ones."""
+        for key in self.sync.recheck_claims(node):
+            claim = self.sync.foreign_claim(key)
+            if claim is not None and not claim.held and self.on_capacity_freed is not None:
+                self.on_capacity_freed(claim.node)
 
     def pod(self, key: str) -> objects.Pod | None:
         """The pod as the watch last saw it."""
@@ -179,6 +213,20 @@ class Feed:
                 event.obj.metadata.annotations.get(keys.NODE_LOCK)
             )
             self.on_node_lock(event.obj.metadata.name, held)
+        if event.obj is not None:
+            gone = event.type is informer.EventType.DELETED
+            self._lock_seen(event.obj.metadata.name, None if gone else event.obj.metadata.annotations)
+
+    def _lock_seen(self, name: str, annotations: dict[str, str] | None) -> None:
+        """A lock taken, released or replaced on the node may change the claims on it: judge them."""
+        lock = None if annotations is None else annotations.get(keys.NODE_LOCK)
+        if self._locks.get(name) == lock:
+            return
+        if lock is None:
+            self._locks.pop(name, None)
+        else:
+            self._locks[name] = lock
+        self.recheck_claims(name)
 
     def _on_pod(self, event: informer.Event[objects.Pod]) -> None:
         pod = event.obj
@@ -236,6 +284,7 @@ class Feed:
             await asyncio.sleep(1.0)
             ready = self.ready()
             self.health.tick(clock(), self.monotonic())
+            self.recheck_claims()  # claims age without events
             for reason, n in self.health.counts().items():
                 self.metrics.nodes_excluded.labels(reason).set(n)
             self.metrics.nodes_excluded.labels("NodeRegistrationInvalid").set(len(self.invalid_nodes))

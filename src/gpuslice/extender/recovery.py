@@ -21,7 +21,11 @@ For each node lock (``judge_lock`` decides, pure):
   that lands first wins and nothing is removed) and the lock is released.
 
 Pods with a node claim but no binding that no lock names (a bind that failed after writing its
-annotations) are orphans the same way once their ``bind-time`` is older than the grace.
+annotations) are orphans the same way once their ``bind-time`` is older than the grace. A claim
+without ``hami.io/bind-phase`` that no lock names is a filter's, not a bind's (HAMi's scheduler
+stopped between its filter and its bind): this loop leaves it alone. The cache stops charging it
+once no scheduler can still act on it (``kube.claims``: older than ``node_lock_expiry_s``), and the
+pod's next bind overwrites it.
 
 Every destructive action re-reads the pod (and the lock release re-reads the node) from the API
 first and judges again, so a lagging watch never causes one. Each action gives an event on the
@@ -117,7 +121,7 @@ def orphan_claim(pod: objects.Pod, live: bool, lock_names_it: bool, now: float, 
     if live or lock_names_it or pod.spec.node_name or pod.terminated:
         return False
     if ann.get(keys.BIND_PHASE) != keys.BIND_PHASE_ALLOCATING or keys.VGPU_NODE not in ann:
-        return False  # HAMi's own filter writes the claim without a phase; its bind is not ours
+        return False  # not an interrupted bind; a filter's claim (no phase) is kube.claims' to judge
     stamp = ann.get(keys.BIND_TIME) or ann.get(keys.VGPU_TIME) or ""
     if not stamp.isdigit():
         return True  # a bind phase without a time: nothing will ever finish it

@@ -37,14 +37,20 @@ async def load(
     request_config: model_config.RequestConfig = model_config.DEFAULT_REQUEST_CONFIG,
     transform: Callable[[nodes.NodeInventory], nodes.NodeInventory] | None = None,
     cache: cluster_cache.ClusterCache | None = None,
+    claim_expiry_s: float | None = None,
 ) -> LiveView:
     """List nodes, pods and ResourceQuotas once into ``cache`` (a new one by default).
+
+    ``claim_expiry_s``: another scheduler's filter claims older than this, with no lock naming
+    their pod, are not charged, as in the extender (``kube.claims``; None: every claim is).
 
     Raises:
         errors.ApiError: a list failed.
     """
     cache = cache if cache is not None else cluster_cache.ClusterCache()
-    feed = sync.Sync(kube, cache, request_config=request_config, transform=transform)
+    feed = sync.Sync(
+        kube, cache, request_config=request_config, transform=transform, claim_expiry_s=claim_expiry_s
+    )
     for informer_ in feed.informers:
         await informer_.relist()
     return LiveView(cache, dict(feed.invalid_nodes), tuple(feed.nodes.store.values()))

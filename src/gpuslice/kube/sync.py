@@ -24,6 +24,11 @@
   (``pod_job``: the value of the configured ``job_label``, else its controller owner's UID), so
   the cache can say which nodes hold a job's pods (``NodeState.jobs``, ``balanced``'s task
   affinity).
+- **Pods** with another scheduler's filter claim and no binding (``kube.claims``; only with
+  ``claim_expiry_s``): charged while the claim is held, removed from the cache once it is stale.
+  Time and the claimed node's lock change that verdict without a pod event, so
+  ``recheck_claims`` judges them again (the extender's feed calls it every second and when a
+  node's lock changes) and applies a pod whose verdict changed; ``on_claim`` hears of each change.
 - **Nodes**' telemetry annotation also gives the inventory its read time
   (``NodeInventory.telemetry_at``, the annotation's ``ts``): readers treat older readings as absent.
 - **ResourceQuotas**: ``spec.hard`` -> GPU limits; several quotas in one namespace combine to the
@@ -37,8 +42,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -47,8 +54,8 @@ import msgspec
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, node_inventory, pod_devices, resources, telemetry
+from gpuslice.kube import claims, events, informer, kinds, objects
 from gpuslice.kube import client as kclient
-from gpuslice.kube import events, informer, kinds, objects
 from gpuslice.model import allocations, nodes, requests, status
 from gpuslice.model import config as model_config
 from gpuslice.policy import quota as quotas
@@ -171,6 +178,21 @@ def combine(limits: list[resources.QuotaLimits]) -> quotas.QuotaView | None:
     return None if view.unlimited else view
 
 
+@dataclasses.dataclass
+class _Claim:
+    """An unbound pod's filter claim that no bind took up, as last judged (``kube.claims``)."""
+
+    pod: objects.Pod
+    seen_at: float
+    """When this process first saw this claim (its node, time and devices)."""
+    verdict: claims.Claim
+
+
+def _claim_print(pod: objects.Pod) -> tuple[str | None, ...]:
+    ann = pod.metadata.annotations
+    return (ann.get(keys.VGPU_NODE), ann.get(keys.VGPU_TIME), ann.get(keys.DEVICES_ALLOCATED))
+
+
 class Sync:
     """Runs the informers and applies their events to the cache.
 
@@ -186,6 +208,10 @@ class Sync:
         pod_selector: label selector restricting the watched pods (e.g. ``hami.io/vgpu-node``).
         resync_s: relist period of every informer.
         job_label: the pod label naming a pod's job (``pod_job``).
+        claim_expiry_s: the node lock's expiry, after which another scheduler's filter claim on an
+            unbound pod is stale and no longer charged (``kube.claims``); None: every claim is
+            charged.
+        clock: wall-clock unix seconds, for the claims' ages.
     """
 
     def __init__(
@@ -201,8 +227,16 @@ class Sync:
         pod_selector: str | None = None,
         resync_s: float = informer.DEFAULT_RESYNC_S,
         job_label: str = "",
+        claim_expiry_s: float | None = None,
+        clock: Callable[[], float] = time.time,
     ):
         self.cache = cache
+        self.claim_expiry_s = claim_expiry_s
+        self.clock = clock
+        self.on_claim: Callable[[str, claims.Claim], None] | None = None
+        """Told of a claim first seen stale, and of each change between held and stale."""
+        self._claims: dict[str, _Claim] = {}
+        """Pod key -> its filter claim no bind took up (only with ``claim_expiry_s``)."""
         self.recorder = recorder
         self.request_config = request_config
         self.job_label = job_label
@@ -301,12 +335,18 @@ class Sync:
         """Apply one pod event (``on_pod`` with the pod's key already made)."""
         if deleted or pod.terminated:
             self.bad_pods.pop(key, None)
+            if self._claims:
+                self._claims.pop(key, None)
             self.cache.remove_pod(key)
             return
+        claim = self._judge_claim(key, pod)
         if not pod.spec.node_name and self.cache.pod_state(key) is cluster_cache.PodState.ASSUMED:
             return  # a bind in flight: the bind path confirms (or forgets) it
         if not pod.spec.node_name:
             self._observe_gpuless(pod)
+        if claim is not None and not claim.held:
+            self.cache.remove_pod(key)  # stale: the pod is scheduled as if it held nothing
+            return
         init = len(pod.spec.init_containers)
         try:
             alloc = pod_devices.allocation_from_annotations(
@@ -333,6 +373,72 @@ class Sync:
             alloc = allocations.PodAllocation(node=pod.spec.node_name, containers=())
         alloc = msgspec.structs.replace(alloc, cpu_milli=cpu, memory_mib=memory)
         self.cache.add_pod(key, pod.metadata.uid, alloc, pod.inits_done, job=pod_job(pod, self.job_label))
+
+    # ----- other schedulers' claims
+
+    def _lock_value(self, node: str) -> str | None:
+        obj = self.nodes.store.get(node)
+        return None if obj is None else obj.metadata.annotations.get(keys.NODE_LOCK)
+
+    def _judge_claim(self, key: str, pod: objects.Pod) -> claims.Claim | None:
+        """Judge the pod's filter claim now and remember it; None when it has none (or no expiry)."""
+        if self.claim_expiry_s is None or not claims.unclaimed_by_a_bind(pod):
+            if self._claims:
+                self._claims.pop(key, None)
+            return None
+        now = self.clock()
+        before = self._claims.get(key)
+        same = before is not None and _claim_print(before.pod) == _claim_print(pod)
+        seen_at = before.seen_at if before is not None and same else now
+        node = pod.metadata.annotations[keys.VGPU_NODE]
+        verdict = claims.judge(pod, self._lock_value(node), now, self.claim_expiry_s, seen_at)
+        if verdict is None:  # cannot happen: unclaimed_by_a_bind held
+            return None
+        self._claims[key] = _Claim(pod, seen_at, verdict)
+        was_held = before.verdict.held if before is not None and same else True
+        if verdict.held != was_held and self.on_claim is not None:
+            self.on_claim(key, verdict)
+        return verdict
+
+    def recheck_claims(self, node: str | None = None, key: str | None = None) -> list[str]:
+        """Judge the remembered claims again (on ``node``, of pod ``key``, or all) at ``clock()``.
+
+        A pod whose claim turned stale (its age passed the expiry, or the lock that named it went)
+        or held again (a lock came) is applied again, so the cache follows; so is a pod whose held
+        claim the cache does not hold (a bind of it forgot its reservation meanwhile). Their keys
+        are returned. ``key``, when given, must be a remembered claim's.
+        """
+        if not self._claims or self.claim_expiry_s is None:
+            return []
+        now = self.clock()
+        changed = []
+        entries = list(self._claims.items()) if key is None else [(key, self._claims[key])]
+        for k, entry in entries:
+            if node is not None and entry.verdict.node != node:
+                continue
+            verdict = claims.judge(
+                entry.pod, self._lock_value(entry.verdict.node), now, self.claim_expiry_s, entry.seen_at
+            )
+            if verdict is None:  # cannot happen: the pod was remembered as unclaimed by a bind
+                continue
+            flipped = verdict.held != entry.verdict.held
+            uncharged = verdict.held and self.cache.pod_state(k) is None
+            if flipped or uncharged:
+                self.apply_pod(k, entry.pod, deleted=False)  # judges and remembers it again
+                changed.append(k)
+            else:
+                entry.verdict = verdict
+        return changed
+
+    def foreign_claim(self, key: str) -> claims.Claim | None:
+        """Pod ``key``'s filter claim that no bind took up, judged now (the cache follows at once)."""
+        if key not in self._claims:
+            return None
+        self.recheck_claims(key=key)  # the key is there: judged now
+        entry = self._claims.get(key)
+        return None if entry is None else entry.verdict
+
+    # ----- GPU-less pods
 
     def _observe_gpuless(self, pod: objects.Pod) -> None:
         """Count a pending pod without GPU requests in the target workload, once per uid.

@@ -60,6 +60,10 @@ INSUFFICIENT_GPU_BANDWIDTH = "InsufficientGPUBandwidth"
 its cards, and no such set of enough eligible cards exists on the node (or the node publishes no
 bandwidth; docs/topology.md)."""
 
+FOREIGN_CLAIM_HELD = "ForeignClaimHeld"
+"""The pod carries another scheduler's filter claim that scheduler may still act on (younger than
+the node lock expiry, or a node lock names the pod); it waits until the claim is stale."""
+
 ALL_REASONS: tuple[str, ...] = (
     INSUFFICIENT_GPU_MEMORY,
     INSUFFICIENT_GPU_CORES,
@@ -82,6 +86,7 @@ ALL_REASONS: tuple[str, ...] = (
     NODE_ALLOCATE_STALLED,
     NVLINK_REQUIRED,
     INSUFFICIENT_GPU_BANDWIDTH,
+    FOREIGN_CLAIM_HELD,
 )
 
 
