@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import socket
 import ssl
 import tempfile
 import time
@@ -35,6 +34,7 @@ import pytest
 
 from gpuslice.devcluster import chart, devcluster, podrun
 from gpuslice.devcluster.controlplane import REPO_ROOT, ControlPlane, binaries_dir
+from tests.e2e import chartrun
 
 pytestmark = pytest.mark.e2e
 
@@ -52,17 +52,6 @@ omitStages: [RequestReceived]
 rules:
 - level: Metadata
 """
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Install:
@@ -83,45 +72,19 @@ class Install:
     def https(self, port: int, path: str) -> tuple[int, str]:
         """GET over TLS, verified with the chart's CA (0 and the error when nothing answers)."""
         ctx = ssl.create_default_context(cadata=self.ca)
-        return _get(urllib.request.HTTPSHandler(context=ctx), f"https://127.0.0.1:{port}{path}")
+        return chartrun.get(f"https://127.0.0.1:{port}{path}", ctx)
 
     def http(self, port: int, path: str) -> tuple[int, str]:
-        return _get(urllib.request.HTTPHandler(), f"http://127.0.0.1:{port}{path}")
+        return chartrun.get(f"http://127.0.0.1:{port}{path}")
 
     def logs(self) -> str:
-        parts = []
-        for pod in self.pods:
-            for name in pod.processes:
-                parts.append(f"--- {pod.pod.name}/{name} ---\n" + pod.log_text(name)[-3000:])
-        return "\n".join(parts)
+        return chartrun.logs(self.pods)
 
     def wait(self, what: Any, timeout: float, message: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = what()
-            if got:
-                return got
-            for pod in self.pods:
-                for name, proc in pod.processes.items():
-                    assert proc.poll() is None, (
-                        f"{pod.pod.name}/{name} exited {proc.returncode}\n{self.logs()}"
-                    )
-            time.sleep(0.25)
-        raise AssertionError(f"timed out after {timeout:.0f} s: {message}\n{self.logs()}")
+        return chartrun.wait(self.pods, what, timeout, message)
 
     def audit_events(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.audit.read_text().splitlines() if line.strip()]
-
-
-def _get(handler: urllib.request.BaseHandler, url: str) -> tuple[int, str]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), handler)
-    try:
-        with opener.open(url, timeout=5) as r:
-            return int(r.status), r.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-    except (urllib.error.URLError, OSError) as err:
-        return 0, str(err)
 
 
 def _values(ports: dict[str, int]) -> dict[str, object]:
@@ -156,7 +119,7 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
     runner: podrun.PodRunner | None = None
     try:
         ports = dict(
-            zip(("scheduler", "extender", "metrics", "webhook", "agent"), _free_ports(5), strict=True)
+            zip(("scheduler", "extender", "metrics", "webhook", "agent"), chartrun.free_ports(5), strict=True)
         )
         objects = chart.template(_values(ports), release=RELEASE, namespace=NAMESPACE)
         for ns, labels in ((NAMESPACE, {}), ("chart-work", {WORK_LABEL: "on"})):
@@ -373,14 +336,14 @@ def test_the_extender_requires_the_chart_client_certificate(install: Install) ->
         cert.write_text(client["tls.crt"])
         key.write_text(client["tls.key"])
         ctx.load_cert_chain(cert, key)
-    assert _get(urllib.request.HTTPSHandler(context=ctx), f"https://127.0.0.1:{port}/healthz")[0] == 200
+    assert chartrun.get(f"https://127.0.0.1:{port}/healthz", ctx)[0] == 200
 
 
 def test_standalone_mode_leads_with_its_own_lease(install: Install, tmp_path: Path) -> None:
     """``scheduler.enabled=false``: gpuslice alone, holding its own Lease with its rendered account;
     ready (the Service's signal that this replica takes calls) only once it leads."""
     cp, release, namespace = install.cp, "sa", "gpuslice-standalone"
-    metrics, extender = _free_ports(2)
+    metrics, extender = chartrun.free_ports(2)
     values: dict[str, object] = {
         "scheduler.enabled": False,
         "webhook.enabled": False,

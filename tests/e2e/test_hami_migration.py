@@ -40,12 +40,9 @@ import dataclasses
 import datetime as dt
 import json
 import re
-import socket
 import ssl
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -53,7 +50,7 @@ import pytest
 
 from gpuslice.devcluster import chart, devcluster, podrun
 from gpuslice.devcluster.controlplane import REPO_ROOT, ControlPlane, binaries_dir
-from tests.e2e import gpuaudit, hamiwire
+from tests.e2e import chartrun, gpuaudit, hamiwire
 from tests.e2e.hamiwire import Grant
 
 pytestmark = pytest.mark.e2e
@@ -178,31 +175,6 @@ NEW_PODS: dict[str, tuple[str | None, dict[str, str]]] = {
 TIGHT = ("n-tight", {GPU: "1", MEM: "16000"})
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _get(url: str, context: ssl.SSLContext | None = None) -> tuple[int, str]:
-    handler: urllib.request.BaseHandler = (
-        urllib.request.HTTPSHandler(context=context) if context else urllib.request.HTTPHandler()
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), handler)
-    try:
-        with opener.open(url, timeout=5) as r:
-            return int(r.status), r.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-    except (urllib.error.URLError, OSError) as err:
-        return 0, str(err)
-
-
 @dataclasses.dataclass
 class Migration:
     cp: ControlPlane
@@ -213,25 +185,10 @@ class Migration:
     hami_lease: dict[str, Any]
 
     def logs(self) -> str:
-        parts = []
-        for pod in self.pods:
-            for name in pod.processes:
-                parts.append(f"--- {pod.pod.name}/{name} ---\n" + pod.log_text(name)[-3000:])
-        return "\n".join(parts)
+        return chartrun.logs(self.pods)
 
     def wait(self, what: Callable[[], Any], timeout: float, message: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = what()
-            if got:
-                return got
-            for pod in self.pods:
-                for name, proc in pod.processes.items():
-                    assert proc.poll() is None, (
-                        f"{pod.pod.name}/{name} exited {proc.returncode}\n{self.logs()}"
-                    )
-            time.sleep(0.25)
-        raise AssertionError(f"timed out after {timeout:.0f} s: {message}\n{self.logs()}")
+        return chartrun.wait(self.pods, what, timeout, message)
 
     def pod(self, name: str) -> dict[str, Any]:
         status, obj = self.cp.api_request("GET", f"/api/v1/namespaces/{WORK}/pods/{name}")
@@ -462,7 +419,9 @@ def migration(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Migration]:
         assert clear_filter_claims(cp) == [f"{WORK}/{FILTERED.name}"]
         hami_lease = _hami_lease(cp)
 
-        ports = dict(zip(("scheduler", "extender", "metrics", "webhook"), _free_ports(4), strict=True))
+        ports = dict(
+            zip(("scheduler", "extender", "metrics", "webhook"), chartrun.free_ports(4), strict=True)
+        )
         objects = chart.template(_values(ports), release=RELEASE, namespace=NAMESPACE)
         for obj in objects:  # what `helm install` sends
             status, body = cp.api_request("POST", chart.resource_path(obj), obj)
@@ -489,12 +448,14 @@ def migration(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Migration]:
         ca = base64_secret(objects, f"{RELEASE}-tls", "ca.crt")
         ctx = ssl.create_default_context(cadata=ca)
         m.wait(
-            lambda: _get(f"https://127.0.0.1:{ports['webhook']}/readyz", ctx)[0] == 200,
+            lambda: chartrun.get(f"https://127.0.0.1:{ports['webhook']}/readyz", ctx)[0] == 200,
             60,
             "webhook not ready",
         )
         m.wait(
-            lambda: _get(f"http://127.0.0.1:{ports['metrics']}/readyz")[0] == 200, 60, "extender not ready"
+            lambda: chartrun.get(f"http://127.0.0.1:{ports['metrics']}/readyz")[0] == 200,
+            60,
+            "extender not ready",
         )
         yield m
     finally:
@@ -578,7 +539,7 @@ def test_running_hami_pods_keep_their_cards_and_new_pods_go_around_them(migratio
         assert now["spec"]["nodeName"] == was["spec"]["nodeName"], name
 
     # gpuslice's own per-card view counts what HAMi granted (the runbook's metric check)
-    status, text = _get(f"http://127.0.0.1:{m.ports['metrics']}/metrics")
+    status, text = chartrun.get(f"http://127.0.0.1:{m.ports['metrics']}/metrics")
     assert status == 200, text[:300]
     memory = _metric_per_card(text, "hami_gpu_memory_allocated_bytes")
     cores = _metric_per_card(text, "hami_gpu_core_allocated_ratio")
