@@ -340,12 +340,12 @@ def certificate_reloader(
     Call it after ``main_config.load()``: it reloads into the SSL context uvicorn built there
     (``kube.tlsfiles``), and runs as a lifespan service (``Reloader.running``).
     """
-    if not settings.tls_cert or main_config.ssl is None:
-        return None
-    files = tlsfiles.Files(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-    reloader = tlsfiles.Reloader(main_config.ssl, files, m.tls, period_s=period_s)
-    reloader.check()
-    return reloader
+    files = (
+        tlsfiles.Files(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        if settings.tls_cert
+        else None
+    )
+    return tlsfiles.start_reloader(main_config.ssl, files, m.tls, period_s=period_s)
 
 
 class QuietServer(uvicorn.Server):

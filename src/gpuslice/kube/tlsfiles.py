@@ -246,3 +246,22 @@ class Reloader:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def start_reloader(
+    context: ssl.SSLContext | None,
+    files: Files | None,
+    metrics: Metrics,
+    *,
+    period_s: float = PERIOD_S,
+) -> Reloader | None:
+    """A listener's reloader with its files loaded once; None when the listener has no TLS.
+
+    Call it after ``uvicorn.Config.load()`` built ``context``: the reloader loads into that very
+    context, and runs as a lifespan service (``Reloader.running``).
+    """
+    if context is None or files is None:
+        return None
+    reloader = Reloader(context, files, metrics, period_s=period_s)
+    reloader.check()
+    return reloader

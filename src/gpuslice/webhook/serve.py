@@ -137,9 +137,5 @@ def certificate_reloader(
     Call it after ``server_config.load()``: it reloads into the SSL context uvicorn built there
     (``kube.tlsfiles``), and runs as a lifespan service (``Reloader.running``).
     """
-    if not settings.tls_cert or server_config.ssl is None:
-        return None
-    files = tlsfiles.Files(settings.tls_cert, settings.tls_key)
-    reloader = tlsfiles.Reloader(server_config.ssl, files, m.tls, period_s=period_s)
-    reloader.check()
-    return reloader
+    files = tlsfiles.Files(settings.tls_cert, settings.tls_key) if settings.tls_cert else None
+    return tlsfiles.start_reloader(server_config.ssl, files, m.tls, period_s=period_s)
