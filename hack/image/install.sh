@@ -10,14 +10,6 @@ missing=()
 command -v buildah >/dev/null || missing+=(buildah)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 command -v unshare >/dev/null || missing+=(util-linux)
-if ((${#missing[@]} == 0)); then
-    exit 0
-fi
-if [[ $(id -u) != 0 ]]; then
-    echo "install.sh: need root to install: ${missing[*]}" >&2
-    exit 1
-fi
-echo "install.sh: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q >&2
-apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+# shellcheck source=../lib/apt-install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/apt-install.sh"
+apt_install_missing "${missing[@]}"

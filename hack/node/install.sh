@@ -14,14 +14,6 @@ command -v runc >/dev/null || missing+=(runc)
 command -v iptables >/dev/null || missing+=(iptables)
 command -v gcc >/dev/null || missing+=(gcc)
 [[ -e /usr/lib/x86_64-linux-gnu/libc.a || -e /usr/lib/libc.a ]] || missing+=(libc6-dev)
-if ((${#missing[@]} == 0)); then
-    exit 0
-fi
-if [[ $(id -u) != 0 ]]; then
-    echo "install.sh: need root to install: ${missing[*]}" >&2
-    exit 1
-fi
-echo "install.sh: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q >&2
-apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+# shellcheck source=../lib/apt-install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/apt-install.sh"
+apt_install_missing "${missing[@]}"
