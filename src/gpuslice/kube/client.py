@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from os import PathLike
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import httpcore2
 import httpx2
 import lightkube
 import msgspec
@@ -94,6 +96,83 @@ class _LimitedTransport(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+class _HandshakeClosingStream(httpcore2.AsyncNetworkStream):
+    """A new TCP connection that is closed when its TLS handshake does not complete.
+
+    httpcore2 closes the TCP stream when ``start_tls`` raises an ``Exception``, but not when the
+    handshake is cancelled (the task that opens a connection for its request is cancelled, e.g. a
+    simulator or informer stopped at that moment): the stream is then dropped with its socket open.
+    While the event loop runs, the selector keeps that socket (a leaked descriptor); once the loop
+    is closed, garbage collection finds an ``unclosed transport`` and warns. Closing on any
+    ``BaseException`` covers both (a second close after httpcore2's own is harmless).
+    """
+
+    def __init__(self, inner: httpcore2.AsyncNetworkStream):
+        self._inner = inner
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return await self._inner.read(max_bytes, timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore2.AsyncNetworkStream:
+        try:
+            return await self._inner.start_tls(ssl_context, server_hostname, timeout)
+        except BaseException:
+            await self._inner.aclose()  # anyio closes the transport before its first await
+            raise
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _HandshakeClosingBackend(httpcore2.AsyncNetworkBackend):
+    """httpcore2's network backend, with connections closed on a failed or cancelled handshake."""
+
+    def __init__(self, inner: httpcore2.AsyncNetworkBackend):
+        self._inner = inner
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        stream = await self._inner.connect_tcp(
+            host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+        )
+        return _HandshakeClosingStream(stream)
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore2.AsyncNetworkStream:
+        stream = await self._inner.connect_unix_socket(path, timeout=timeout, socket_options=socket_options)
+        return _HandshakeClosingStream(stream)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def _http_transport(verify: ssl.SSLContext | str | bool) -> httpx2.AsyncHTTPTransport:
+    """httpx2's transport, its connection pool on ``_HandshakeClosingBackend``.
+
+    httpx2 takes no network backend, so the pool's is wrapped in place (httpcore2 is pinned by
+    httpx2; ``tests/unit/kube/test_client_handshake.py`` fails if these attributes move).
+    """
+    transport = httpx2.AsyncHTTPTransport(verify=verify, trust_env=False)
+    pool = transport._pool
+    pool._network_backend = _HandshakeClosingBackend(pool._network_backend)
+    return transport
+
+
 class Response(NamedTuple):
     """A read, successful answer."""
 
@@ -136,7 +215,7 @@ class KubeClient:
             verify = client_adapter.verify_cluster(
                 config.cluster, config.user, config.abs_file, trust_env=False
             )
-            transport = httpx2.AsyncHTTPTransport(verify=verify, trust_env=False)
+            transport = _http_transport(verify)
         self._transport = _LimitedTransport(transport, self.bucket)
         params = client_adapter.ConnectionParams(
             timeout=httpx2.Timeout(timeout),
