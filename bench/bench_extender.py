@@ -144,9 +144,10 @@ def serve_memory(port: int, pods: int, seed: int, node_policy: str, node_choice:
     """The benchmark server: the real app on an in-memory cache (no apiserver)."""
     import uvicorn
 
-    from gpuslice.extender import app as apps
-    from gpuslice.extender import bind as binds
-    from gpuslice.extender import config, logs, metrics, scheduling, view
+    from gpuslice.extender import config, metrics
+    from gpuslice.extender.binding import bind as binds
+    from gpuslice.extender.http import app as apps
+    from gpuslice.framework import logs, scheduling, view
 
     cache = build_cache(pods, seed)
     cache.snapshot()

@@ -90,7 +90,7 @@ def _per_call_us(fn: Any, number: int = 200, repeat: int = 15) -> dict[str, floa
 
 def depth_cost() -> dict[str, Any]:
     """(a): ``too_deep`` and msgspec's decode per call on four filter bodies."""
-    from gpuslice.extender import jsondepth, wire
+    from gpuslice.extender.http import jsondepth, wire
 
     rng = random.Random(7)
     names = [f"node-{n:05d}" for n in range(5000)]

@@ -343,7 +343,8 @@ class _TimedKube:
 
 async def _one_relist(kubeconfig: str, apiserver: int, name: str) -> dict[str, Any]:
     from gpuslice.cache import cache as caches
-    from gpuslice.extender import config, feed, logs, metrics
+    from gpuslice.extender import config, feed, metrics
+    from gpuslice.framework import logs
     from gpuslice.kube import client as kclient
 
     page, source, gzip = CONFIGS[name]
@@ -619,7 +620,8 @@ class _PagesKube:
 def _ingest1(path: pathlib.Path) -> dict[str, Any]:
     """One in-process relist of the recorded pods through ``Feed``: CPU, wall and RSS."""
     from gpuslice.cache import cache as caches
-    from gpuslice.extender import config, feed, logs, metrics
+    from gpuslice.extender import config, feed, metrics
+    from gpuslice.framework import logs
 
     pages = _read_pages(path)
     base = _proc_status(os.getpid())

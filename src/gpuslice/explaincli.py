@@ -32,7 +32,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from gpuslice.extender import config, explain, feed, liveness, scheduling
+from gpuslice.extender import config, feed
+from gpuslice.extender.binding import liveness
+from gpuslice.framework import explain, scheduling
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import liveview

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from gpuslice import explaincli
-from gpuslice.extender import explain
+from gpuslice.framework import explain
 from tests.e2e.conftest import Cluster
 
 pytestmark = pytest.mark.e2e

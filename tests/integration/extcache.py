@@ -7,8 +7,9 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from gpuslice.cache import cache as caches
-from gpuslice.extender import config, feed, logs
+from gpuslice.extender import config, feed
 from gpuslice.extender import metrics as ext_metrics
+from gpuslice.framework import logs
 from gpuslice.kube import client as kclient
 from gpuslice.model import nodes
 

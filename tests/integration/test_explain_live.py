@@ -20,7 +20,7 @@ from gpuslice import explaincli
 from gpuslice.codec import keys, pod_devices
 from gpuslice.devcluster import nodesim
 from gpuslice.devcluster.controlplane import ControlPlane
-from gpuslice.extender import explain
+from gpuslice.framework import explain
 from gpuslice.kube import client as kclient
 from gpuslice.model import allocations
 from tests.integration import kubehelpers as h

@@ -19,7 +19,7 @@ from lightkube.resources.core_v1 import Node
 from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
 from gpuslice.devcluster.controlplane import ControlPlane
-from gpuslice.extender import binder as binders
+from gpuslice.extender.binding import binder as binders
 from gpuslice.kube import binding, errors, locks, pods
 from gpuslice.kube import client as kclient
 from tests.integration import kubehelpers as h

@@ -26,7 +26,7 @@ from typing import IO
 import pytest
 
 from gpuslice.devcluster.controlplane import ControlPlane
-from gpuslice.extender import leaderlabel
+from gpuslice.extender.binding import leaderlabel
 from tests.integration import kubehelpers
 
 pytestmark = pytest.mark.integration

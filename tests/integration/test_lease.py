@@ -51,7 +51,7 @@ async def test_own_lease_mode_one_replica_leads_and_the_other_takes_over(
 ) -> None:
     import asyncio
 
-    from gpuslice.extender import leader
+    from gpuslice.extender.binding import leader
 
     def elector(identity: str) -> lease.Elector:
         return lease.Elector(
@@ -90,7 +90,7 @@ async def test_own_lease_mode_one_replica_leads_and_the_other_takes_over(
 
 
 async def test_sidecar_mode_follows_the_schedulers_lease(kube: kclient.KubeClient, namespace: str) -> None:
-    from gpuslice.extender import leader
+    from gpuslice.extender.binding import leader
 
     scheduler = lease.Elector(kube, namespace, "kube-scheduler", "host-a_5f1e2d")
     assert await scheduler.try_acquire_or_renew() is True

@@ -20,7 +20,9 @@ from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
 from gpuslice.devcluster import nodesim
 from gpuslice.devcluster.controlplane import ControlPlane
-from gpuslice.extender import bind, binder, config, feed, logs, metrics, recovery, scheduling
+from gpuslice.extender import config, feed, metrics
+from gpuslice.extender.binding import bind, binder, recovery
+from gpuslice.framework import logs, scheduling
 from gpuslice.kube import client as kclient
 from gpuslice.kube import locks, pods
 from tests.integration import kubehelpers as h

@@ -15,7 +15,8 @@ import pytest
 
 from gpuslice.cache import cache as caches
 from gpuslice.devcluster.controlplane import ControlPlane
-from gpuslice.extender import config, feed, logs, metrics
+from gpuslice.extender import config, feed, metrics
+from gpuslice.framework import logs
 from gpuslice.kube import client as kclient
 from gpuslice.policy import quota as quotas
 

@@ -12,9 +12,9 @@ from starlette.testclient import TestClient
 
 from gpuslice.cache import cache as caches
 from gpuslice.cache import shapes
-from gpuslice.extender import app as apps
-from gpuslice.extender import clusterview
-from gpuslice.extender import explain as explains
+from gpuslice.extender.http import app as apps
+from gpuslice.extender.ops import clusterview
+from gpuslice.framework import explain as explains
 from gpuslice.model import config as model_config
 from gpuslice.model import status
 from gpuslice.policy import registry

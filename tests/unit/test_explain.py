@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 
 from gpuslice import explaincli
 from gpuslice.cache import cache as caches
-from gpuslice.extender import app as apps
-from gpuslice.extender import explain, logs, pending, scheduling
+from gpuslice.extender.http import app as apps
+from gpuslice.framework import explain, logs, pending, scheduling
 from gpuslice.kube import objects
 from gpuslice.model import requests, status
 from gpuslice.policy import quota as quotas

@@ -14,8 +14,9 @@ import msgspec
 import pytest
 
 from gpuslice.cache import cache as caches
-from gpuslice.extender import app as apps
-from gpuslice.extender import config, preemption, scheduling
+from gpuslice.extender import config, preemption
+from gpuslice.extender.http import app as apps
+from gpuslice.framework import scheduling
 from gpuslice.kube import evictions, objects
 from gpuslice.model import status
 from gpuslice.policy import victims

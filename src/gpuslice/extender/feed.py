@@ -38,8 +38,10 @@ from gpuslice.cache import cache as caches
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
-from gpuslice.extender import binder as binders
-from gpuslice.extender import config, liveness, logs, metrics, tasks
+from gpuslice.extender import config, metrics, tasks
+from gpuslice.extender.binding import binder as binders
+from gpuslice.extender.binding import liveness
+from gpuslice.framework import logs
 from gpuslice.kube import claims, informer, objects, pods, sync
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors

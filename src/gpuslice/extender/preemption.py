@@ -39,8 +39,9 @@ from typing import Protocol
 
 from gpuslice.cache import cache as caches
 from gpuslice.cache import snapshot as snapshots
-from gpuslice.extender import bind as binds
-from gpuslice.extender import logs, memo, metrics, scheduling, tasks, view
+from gpuslice.extender import metrics, tasks
+from gpuslice.extender.binding import bind as binds
+from gpuslice.framework import logs, memo, scheduling, view
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import evictions, objects

@@ -35,26 +35,16 @@ from starlette.types import ASGIApp
 
 from gpuslice.cache import cache as caches
 from gpuslice.cache import shapes
-from gpuslice.extender import app as apps
-from gpuslice.extender import bind as binds
-from gpuslice.extender import binder as binders
-from gpuslice.extender import (
-    config,
-    failpoints,
-    feed,
-    leader,
-    leaderlabel,
-    lockview,
-    logs,
-    metrics,
-    recovery,
-    scheduling,
-    view,
-)
-from gpuslice.extender import httpserver as httpservers
-from gpuslice.extender import pending as pendings
+from gpuslice.extender import config, feed, metrics
 from gpuslice.extender import preemption as preemptions
-from gpuslice.extender import shadow as shadows
+from gpuslice.extender.binding import bind as binds
+from gpuslice.extender.binding import binder as binders
+from gpuslice.extender.binding import failpoints, leader, leaderlabel, lockview, recovery
+from gpuslice.extender.http import app as apps
+from gpuslice.extender.http import httpserver as httpservers
+from gpuslice.extender.ops import shadow as shadows
+from gpuslice.framework import logs, scheduling, view
+from gpuslice.framework import pending as pendings
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events as kevents
 from gpuslice.kube import lease, liveview, objects, tlsfiles

@@ -29,7 +29,7 @@ Figures, over the measured window ``[W, E)`` (``Schedule.window``, after the war
 With a ``ShapeHistogram`` (``--workload online``) the target workload of FGD-style policies is built
 from the requests as in ``engine.Placer``, each arrival observed once, at its first attempt that
 finds a node with room for its host CPU and memory: the extender's filter observes a pod uid once
-(``extender/app.py``), and kube-scheduler only calls it when its own filters leave a node.
+(``extender/http/app.py``), and kube-scheduler only calls it when its own filters leave a node.
 """
 
 from __future__ import annotations

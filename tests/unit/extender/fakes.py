@@ -18,10 +18,12 @@ from typing import Any
 from gpuslice.cache import cache as caches
 from gpuslice.cache import shapes
 from gpuslice.codec import keys, pod_devices
-from gpuslice.extender import app as apps
-from gpuslice.extender import bind as binds
-from gpuslice.extender import binder as binders
-from gpuslice.extender import config, failpoints, logs, metrics, scheduling, view
+from gpuslice.extender import config, metrics
+from gpuslice.extender.binding import bind as binds
+from gpuslice.extender.binding import binder as binders
+from gpuslice.extender.binding import failpoints
+from gpuslice.extender.http import app as apps
+from gpuslice.framework import logs, scheduling, view
 from gpuslice.kube import objects
 from gpuslice.model import allocations, nodes
 from tests.unit import builders

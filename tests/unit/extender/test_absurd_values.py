@@ -17,8 +17,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from gpuslice.cache import shapes
-from gpuslice.extender import app as apps
 from gpuslice.extender import config
+from gpuslice.extender.http import app as apps
 from gpuslice.model import config as model_config
 from gpuslice.model import limits, status
 from gpuslice.policy import registry

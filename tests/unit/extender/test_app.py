@@ -14,9 +14,10 @@ from starlette.testclient import TestClient
 from gpuslice.cache import cache as caches
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, pod_devices, resources
-from gpuslice.extender import app as apps
-from gpuslice.extender import bind as binds
-from gpuslice.extender import config, wire
+from gpuslice.extender import config
+from gpuslice.extender.binding import bind as binds
+from gpuslice.extender.http import app as apps
+from gpuslice.extender.http import wire
 from gpuslice.model import config as model_config
 from gpuslice.policy import quota as quotas
 from gpuslice.policy import registry

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, resources
-from gpuslice.extender import bind as binds
-from gpuslice.extender import config, wire
+from gpuslice.extender import config
+from gpuslice.extender.binding import bind as binds
+from gpuslice.extender.http import wire
 from gpuslice.model import allocations, devices, nodes
 from gpuslice.policy import cards
 from tests.unit import builders

@@ -13,9 +13,11 @@ from starlette.testclient import TestClient
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, pod_devices, resources
-from gpuslice.extender import app as apps
-from gpuslice.extender import bind as binds
-from gpuslice.extender import config, failpoints, wire
+from gpuslice.extender import config
+from gpuslice.extender.binding import bind as binds
+from gpuslice.extender.binding import failpoints
+from gpuslice.extender.http import app as apps
+from gpuslice.extender.http import wire
 from tests.unit import builders
 from tests.unit.builders import node
 from tests.unit.extender import fakes

@@ -9,7 +9,7 @@ import pytest
 
 from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
-from gpuslice.extender import binder as binders
+from gpuslice.extender.binding import binder as binders
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import objects

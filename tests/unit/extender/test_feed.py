@@ -9,8 +9,9 @@ import pytest
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, registrations
-from gpuslice.extender import binder as binders
-from gpuslice.extender import config, feed, logs, metrics
+from gpuslice.extender import config, feed, metrics
+from gpuslice.extender.binding import binder as binders
+from gpuslice.framework import logs
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import informer, objects

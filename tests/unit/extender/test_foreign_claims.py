@@ -20,9 +20,11 @@ from starlette.testclient import TestClient
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, pod_devices, registrations, resources
 from gpuslice.codec import locks as lockcodec
-from gpuslice.extender import app as apps
-from gpuslice.extender import bind as binds
-from gpuslice.extender import config, feed, logs, metrics, wire
+from gpuslice.extender import config, feed, metrics
+from gpuslice.extender.binding import bind as binds
+from gpuslice.extender.http import app as apps
+from gpuslice.extender.http import wire
+from gpuslice.framework import logs
 from gpuslice.kube import claims, informer, objects
 from gpuslice.model import allocations, devices, status
 from tests.unit.extender import fakes

@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from gpuslice.codec import keys
-from gpuslice.extender import app as apps
-from gpuslice.extender import config, httpserver, jsondepth, wire
+from gpuslice.extender import config
+from gpuslice.extender.http import app as apps
+from gpuslice.extender.http import httpserver, jsondepth, wire
 from tests.unit.builders import node
 from tests.unit.extender import fakes
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.extender import config, leader, leaderlabel, logs, serve
+from gpuslice.extender import config, serve
+from gpuslice.extender.binding import leader, leaderlabel
+from gpuslice.framework import logs
 from gpuslice.kube import errors as kerrors
 
 pytestmark = pytest.mark.unit
@@ -73,7 +75,7 @@ async def test_failed_writes_are_logged_and_retried(caplog: pytest.LogCaptureFix
     pod.fail = 3
     label = leaderlabel.PodLabel(pod.write, "ns/p", retry_s=0.01)
     label.want(True)
-    with caplog.at_level(logging.WARNING, logger="gpuslice.extender.leaderlabel"):
+    with caplog.at_level(logging.WARNING, logger="gpuslice.extender.binding.leaderlabel"):
         async with label.running():
             assert await _until(lambda: pod.labelled is True)
     assert pod.writes[:4] == [True, True, True, True]
@@ -115,7 +117,7 @@ async def test_drain_retries_within_its_bound(caplog: pytest.LogCaptureFixture) 
     assert pod.labelled is False and pod.writes == [False, False, False]
     pod.labelled, pod.fail = True, 1000
     other = leaderlabel.PodLabel(pod.write, "ns/p", retry_s=0.01, drain_s=0.1)
-    with caplog.at_level(logging.WARNING, logger="gpuslice.extender.leaderlabel"):
+    with caplog.at_level(logging.WARNING, logger="gpuslice.extender.binding.leaderlabel"):
         await other.drain()
     assert pod.labelled is True
     assert any("could not remove gpuslice.io/leader from pod ns/p" in r.getMessage() for r in caplog.records)

@@ -14,9 +14,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from gpuslice.codec import locks as lockcodec
-from gpuslice.extender import app as apps
-from gpuslice.extender import bind as binds
-from gpuslice.extender import config, lockview
+from gpuslice.extender import config
+from gpuslice.extender.binding import bind as binds
+from gpuslice.extender.binding import lockview
+from gpuslice.extender.http import app as apps
 from gpuslice.kube import objects
 from gpuslice.model import config as model_config
 from tests.unit.extender import fakes

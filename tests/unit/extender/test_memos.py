@@ -20,8 +20,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from gpuslice.extender import app as apps
-from gpuslice.extender import config, memo, scheduling, wire
+from gpuslice.extender import config
+from gpuslice.extender.http import app as apps
+from gpuslice.extender.http import wire
+from gpuslice.framework import memo, scheduling
 from gpuslice.kube import events
 from tests.unit.builders import node
 from tests.unit.extender import fakes

@@ -12,8 +12,9 @@ from starlette.testclient import TestClient
 from gpuslice.cache import cache as caches
 from gpuslice.cache import shapes
 from gpuslice.codec import keys
-from gpuslice.extender import app as apps
-from gpuslice.extender import config, render, scheduling
+from gpuslice.extender import config, render
+from gpuslice.extender.http import app as apps
+from gpuslice.framework import scheduling
 from gpuslice.model import config as model_config
 from gpuslice.policy import batch
 from tests.unit.builders import node

@@ -9,7 +9,7 @@ from starlette.testclient import TestClient
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys
-from gpuslice.extender import app as apps
+from gpuslice.extender.http import app as apps
 from tests.unit.builders import node
 from tests.unit.extender import fakes
 

@@ -8,7 +8,7 @@ import pytest
 
 from gpuslice.codec import handshake, keys
 from gpuslice.codec import locks as lockcodec
-from gpuslice.extender import leader, liveness, recovery
+from gpuslice.extender.binding import leader, liveness, recovery
 from gpuslice.kube import lease, objects
 from gpuslice.model import status
 

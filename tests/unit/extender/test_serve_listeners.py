@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from gpuslice.extender import app as apps
 from gpuslice.extender import config, serve
+from gpuslice.extender.http import app as apps
 from tests import pki
 from tests.unit.builders import node
 from tests.unit.extender import fakes

@@ -11,8 +11,9 @@ from starlette.testclient import TestClient
 
 from gpuslice.cache import cache as caches
 from gpuslice.cache import shapes
-from gpuslice.extender import app as apps
-from gpuslice.extender import config, shadow
+from gpuslice.extender import config
+from gpuslice.extender.http import app as apps
+from gpuslice.extender.ops import shadow
 from gpuslice.policy import decisions
 from gpuslice.sim import shadowreport
 from tests.unit.builders import node, uuid

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from gpuslice.extender import app as apps
 from gpuslice.extender import config, serve
+from gpuslice.extender.http import app as apps
 from tests import pki
 from tests.unit.builders import node
 from tests.unit.extender import fakes

@@ -13,7 +13,9 @@ import pytest
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, linkreq, resources
-from gpuslice.extender import config, logs, scheduling, wire
+from gpuslice.extender import config
+from gpuslice.extender.http import wire
+from gpuslice.framework import logs, scheduling
 from gpuslice.model import nodes, requests, status
 from tests.unit.builders import alloc, bridged, node, uuid
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import yaml
 
-from gpuslice.extender import config, render, wire
+from gpuslice.extender import config, render
+from gpuslice.extender.http import wire
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,9 @@ from starlette.testclient import TestClient
 from gpuslice.cache import cache as caches
 from gpuslice.cache import shapes
 from gpuslice.codec import keys, pod_devices, resources
-from gpuslice.extender import app as apps
-from gpuslice.extender import config, logs, scheduling
+from gpuslice.extender import config
+from gpuslice.extender.http import app as apps
+from gpuslice.framework import logs, scheduling
 from gpuslice.model import config as model_config
 from gpuslice.model import requests
 from gpuslice.policy import registry

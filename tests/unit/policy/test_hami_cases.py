@@ -36,7 +36,7 @@ import pytest
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import errors, keys, resources
-from gpuslice.extender import scheduling
+from gpuslice.framework import scheduling
 from gpuslice.kube import objects
 from gpuslice.model import allocations, devices, nodes, requests, status, topology
 from gpuslice.model import config as model_config

@@ -72,19 +72,11 @@ import numpy as np
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import pod_devices, resources
-from gpuslice.extender import binder as binders
-from gpuslice.extender import (
-    failpoints,
-    logs,
-    memo,
-    metrics,
-    nodelock,
-    requeue,
-    scheduling,
-    tasks,
-    view,
-    wire,
-)
+from gpuslice.extender import metrics, tasks
+from gpuslice.extender.binding import binder as binders
+from gpuslice.extender.binding import failpoints, nodelock, requeue
+from gpuslice.extender.http import wire
+from gpuslice.framework import logs, memo, scheduling, view
 from gpuslice.kube import claims as kclaims
 from gpuslice.model import allocations, requests, status
 from gpuslice.model import config as model_config

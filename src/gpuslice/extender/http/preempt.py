@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuslice.extender import scheduling, view, wire
+from gpuslice.extender.http import wire
+from gpuslice.framework import scheduling, view
 from gpuslice.model import requests, status
 from gpuslice.policy import fit
 

@@ -40,24 +40,15 @@ from starlette.types import Receive, Scope, Send
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import resources
-from gpuslice.extender import bind as binds
-from gpuslice.extender import (
-    clusterview,
-    config,
-    jsondepth,
-    logs,
-    memo,
-    metrics,
-    preempt,
-    scheduling,
-    tasks,
-    view,
-    wire,
-)
-from gpuslice.extender import explain as explains
-from gpuslice.extender import pending as pendings
+from gpuslice.extender import config, metrics, tasks
 from gpuslice.extender import preemption as preemptions
-from gpuslice.extender import shadow as shadows
+from gpuslice.extender.binding import bind as binds
+from gpuslice.extender.http import jsondepth, preempt, wire
+from gpuslice.extender.ops import clusterview
+from gpuslice.extender.ops import shadow as shadows
+from gpuslice.framework import explain as explains
+from gpuslice.framework import logs, memo, scheduling, view
+from gpuslice.framework import pending as pendings
 from gpuslice.kube import claims, objects
 from gpuslice.kube import errors as kerrors
 from gpuslice.model import requests, status

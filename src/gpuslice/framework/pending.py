@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from gpuslice.extender import memo
+from gpuslice.framework import memo
 from gpuslice.model import requests
 
 DEFAULT_LIMIT = 1000

@@ -36,10 +36,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gpuslice.cache import cache as caches
-from gpuslice.extender import explain as explains
-from gpuslice.extender import pending as pendings
-from gpuslice.extender import scheduling, view
-from gpuslice.extender import shadow as shadows
+from gpuslice.extender.ops import shadow as shadows
+from gpuslice.framework import explain as explains
+from gpuslice.framework import pending as pendings
+from gpuslice.framework import scheduling, view
 from gpuslice.model import allocations, nodes, status
 from gpuslice.policy import fragmentation, shares
 
@@ -437,7 +437,7 @@ class ClusterView:
 @functools.cache
 def page() -> bytes:
     """The page's HTML (``ui.html`` beside this module)."""
-    return importlib.resources.files("gpuslice.extender").joinpath("ui.html").read_bytes()
+    return importlib.resources.files("gpuslice.extender.ops").joinpath("ui.html").read_bytes()
 
 
 @dataclasses.dataclass

@@ -49,7 +49,9 @@ from collections.abc import AsyncIterator, Callable
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import handshake, keys, pod_devices
 from gpuslice.codec import locks as lockcodec
-from gpuslice.extender import bind, feed, logs, metrics, tasks
+from gpuslice.extender import feed, metrics, tasks
+from gpuslice.extender.binding import bind
+from gpuslice.framework import logs
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import locks, objects, pods

@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from gpuslice.extender import binder as binders
 from gpuslice.extender import metrics
+from gpuslice.extender.binding import binder as binders
 
 CONTENTION = binders.CONTENTION
 POLL_S = 0.5

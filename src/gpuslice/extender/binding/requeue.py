@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
-from gpuslice.extender import binder as binders
-from gpuslice.extender import logs, memo, metrics
+from gpuslice.extender import metrics
+from gpuslice.extender.binding import binder as binders
+from gpuslice.framework import logs, memo
 
 CAPACITY_FREED = "gpuslice.io/capacity-freed"
 """The node annotation touched (value: unix time)."""

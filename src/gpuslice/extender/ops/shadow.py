@@ -53,8 +53,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from gpuslice.cache import cache as caches
-from gpuslice.extender import config, memo, scheduling, view
+from gpuslice.extender import config
 from gpuslice.extender import metrics as extender_metrics
+from gpuslice.framework import memo, scheduling, view
 from gpuslice.model import allocations, nodes, requests
 from gpuslice.policy import batch, decisions, registry
 

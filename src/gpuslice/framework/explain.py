@@ -29,7 +29,7 @@ import msgspec
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, resources
-from gpuslice.extender import scheduling, view
+from gpuslice.framework import scheduling, view
 from gpuslice.kube import objects
 from gpuslice.model import config as model_config
 from gpuslice.model import nodes, requests, status

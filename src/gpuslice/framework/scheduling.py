@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice.codec import keys
-from gpuslice.extender import logs, view
+from gpuslice.framework import logs, view
 from gpuslice.model import config as model_config
 from gpuslice.model import nodes, requests, status
 from gpuslice.policy import batch, chains, fit, lockchoice, registry, shares

@@ -1,0 +1,1 @@
+"""gpuslice.extender.http."""
