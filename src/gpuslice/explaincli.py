@@ -34,7 +34,8 @@ import msgspec
 
 from gpuslice.extender import config, feed
 from gpuslice.extender.binding import liveness
-from gpuslice.framework import explain, scheduling
+from gpuslice.framework import explain
+from gpuslice.framework import profile as profiles
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import liveview
@@ -125,9 +126,7 @@ async def from_cluster(
     )
     for node in live.nodes:
         health.observe(node, False, time.time(), time.monotonic())
-    policies = scheduling.Policies.build(
-        settings.node_policy, settings.card_policy, settings.node_choice, settings.workload.fallback
-    )
+    policies = profiles.Profile.from_settings(settings, clock=time.time)  # as the extender judges
     return explain.explain(live.cache.snapshot(), request, policies, live.invalid_nodes, health.excluded)
 
 

@@ -67,7 +67,7 @@ import msgspec
 
 from gpuslice.cache import shapes, snapshot
 from gpuslice.model import allocations, devices, nodes, requests, status
-from gpuslice.policy import cards, columns, registry
+from gpuslice.policy import api, cards, columns
 from gpuslice.policy import quota as quotas
 
 
@@ -275,7 +275,7 @@ class ClusterCache:
                 self._limits[namespace] = limits.cleared()
             self._gen += 1
 
-    def observe_request(self, shape: registry.Shape) -> None:
+    def observe_request(self, shape: api.Shape) -> None:
         """Record a requested pod shape for the target-workload histogram.
 
         The snapshot changes only when the histogram re-takes its target workload (``drift``), so
@@ -558,7 +558,7 @@ class ClusterCache:
     # ----- snapshot
 
     def _cards_per_model(self) -> tuple[tuple[str, int], ...]:
-        """``registry.Context.capacity`` of the registered nodes (recomputed after inventory changes)."""
+        """``api.Context.capacity`` of the registered nodes (recomputed after inventory changes)."""
         if self._capacity is None:
             self._capacity = tuple(sorted(self._models.items()))
         return self._capacity

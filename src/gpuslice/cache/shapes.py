@@ -43,7 +43,7 @@ import math
 
 from gpuslice.model import config as model_config
 from gpuslice.model import limits
-from gpuslice.policy import registry
+from gpuslice.policy import api
 
 MAX_SHAPES = 512
 """Default bound on the shapes held."""
@@ -55,20 +55,7 @@ _MAX_SCALE_EXP = 600.0
 """The origin moves once ``decay**(origin - t)`` would exceed ``e**600`` (floats overflow at ~e**709)."""
 
 
-def errors(ws: model_config.WorkloadSettings) -> list[model_config.WorkloadSettingError]:
-    """Every problem with ``ws`` (``fallback`` checked against the policy registry); empty when valid."""
-    return model_config.workload_errors(ws, registry.names())
-
-
-def check(ws: model_config.WorkloadSettings) -> model_config.WorkloadSettings:
-    """``ws`` when valid; raises the first ``model_config.WorkloadSettingError`` otherwise."""
-    problems = errors(ws)
-    if problems:
-        raise problems[0]
-    return ws
-
-
-def admissible(shape: registry.Shape) -> bool:
+def admissible(shape: api.Shape) -> bool:
     """True when every number of ``shape`` lies within ``gpuslice.model.limits`` (module docstring)."""
     return (
         0 <= shape.cpu_milli <= limits.MAX_CPU_MILLI
@@ -79,12 +66,12 @@ def admissible(shape: registry.Shape) -> bool:
     )
 
 
-def sort_key(shape: registry.Shape) -> tuple[int, int, int, tuple[str, ...]]:
+def sort_key(shape: api.Shape) -> tuple[int, int, int, tuple[str, ...]]:
     """The fixed order of shapes in a workload: GPU count, share, CPU, models."""
     return (shape.count, shape.share_milli, shape.cpu_milli, shape.types)
 
 
-def total_variation(p: registry.Workload | None, q: registry.Workload | None) -> float:
+def total_variation(p: api.Workload | None, q: api.Workload | None) -> float:
     """Total-variation distance of two workloads (half the L1 distance; 1 when only one exists)."""
     if p is None or q is None:
         return 0.0 if p is q else 1.0
@@ -127,13 +114,13 @@ class ShapeHistogram:
         self._scale = 1.0  # decay**(origin - t): the stored value of a request made now
         self._pushes = itertools.count()  # heap tie-break (shapes do not compare)
         self._heaped = settings.decay < 1.0 and floor > 0.0  # with decay 1 no weight falls
-        self._v: dict[registry.Shape, float] = {}  # stored (scaled) weights
-        self._since: dict[registry.Shape, int] = {}  # first request of the shape that still counts
-        self._n: dict[registry.Shape, int] = {}  # requests of the shape in the window (window > 0)
-        self._recent: collections.deque[tuple[int, registry.Shape]] = collections.deque()
-        self._heap: list[tuple[float, int, registry.Shape]] = []  # (stored value, push, shape)
-        self._snapshot: registry.Workload | None = None
-        self._snap_weights: dict[registry.Shape, float] = {}
+        self._v: dict[api.Shape, float] = {}  # stored (scaled) weights
+        self._since: dict[api.Shape, int] = {}  # first request of the shape that still counts
+        self._n: dict[api.Shape, int] = {}  # requests of the shape in the window (window > 0)
+        self._recent: collections.deque[tuple[int, api.Shape]] = collections.deque()
+        self._heap: list[tuple[float, int, api.Shape]] = []  # (stored value, push, shape)
+        self._snapshot: api.Workload | None = None
+        self._snap_weights: dict[api.Shape, float] = {}
         self.count = 0
         """Requests observed."""
         self.refused = 0
@@ -146,24 +133,24 @@ class ShapeHistogram:
         """True once ``min_count`` requests were observed (and at least one shape is held)."""
         return self.count >= self.settings.min_count and bool(self._v)
 
-    def workload(self) -> registry.Workload | None:
+    def workload(self) -> api.Workload | None:
         """The current snapshot (the same object until re-taken); None while untrusted."""
         return self._snapshot
 
-    def live(self) -> registry.Workload | None:
+    def live(self) -> api.Workload | None:
         """The live normalized weights (a new object per call; for tests and diagnosis)."""
         if not self._v:
             return None
         items = sorted(self._v.items(), key=lambda sv: sort_key(sv[0]))
         total = sum(v for _, v in items)
-        return registry.Workload(tuple(s for s, _ in items), tuple(v / total for _, v in items))
+        return api.Workload(tuple(s for s, _ in items), tuple(v / total for _, v in items))
 
-    def weights(self) -> dict[registry.Shape, float]:
+    def weights(self) -> dict[api.Shape, float]:
         """The live unnormalized weights (the latest request weighs 1)."""
         factor = 1.0 / self._scale
         return {s: v * factor for s, v in self._v.items()}
 
-    def observe(self, shape: registry.Shape) -> bool:
+    def observe(self, shape: api.Shape) -> bool:
         """Record one request of ``shape``; True when the snapshot (``workload()``) changed.
 
         A shape that is not ``admissible`` is refused (``refused``): nothing changes.
@@ -210,7 +197,7 @@ class ShapeHistogram:
         self._heap = [(x, next(self._pushes), s) for s, x in self._v.items()]
         heapq.heapify(self._heap)
 
-    def _forget(self, shape: registry.Shape) -> None:
+    def _forget(self, shape: api.Shape) -> None:
         del self._v[shape], self._since[shape], self._n[shape]
 
     def _evict(self, last: int) -> None:
@@ -231,7 +218,7 @@ class ShapeHistogram:
             if self._heaped:
                 heapq.heappush(self._heap, (x, next(self._pushes), s))
 
-    def _prune(self, keep: registry.Shape) -> None:
+    def _prune(self, keep: api.Shape) -> None:
         """Forget the shapes whose weight fell below the floor (``keep`` weighs at least 1)."""
         heap = self._heap
         v = self._v
@@ -243,7 +230,7 @@ class ShapeHistogram:
         if len(heap) > 4 * len(v) + 64:
             self._rebuild_heap()  # stale entries (superseded values) pile up with decay near 1
 
-    def _trim(self, keep: registry.Shape) -> None:
+    def _trim(self, keep: api.Shape) -> None:
         """Forget the lightest shapes other than ``keep`` until ``max_shapes`` remain."""
         while len(self._v) > self._max:
             lightest = min((s for s in self._v if s != keep), key=lambda s: (self._v[s], self._since[s]))
@@ -273,7 +260,7 @@ class ShapeHistogram:
                 return False
         items = sorted(v.items(), key=lambda sv: sort_key(sv[0]))
         weights = tuple(x / total for _, x in items)
-        self._snapshot = registry.Workload(tuple(s for s, _ in items), weights)
+        self._snapshot = api.Workload(tuple(s for s, _ in items), weights)
         self._snap_weights = dict(zip(self._snapshot.shapes, weights, strict=True))
         self.snapshots += 1
         return True

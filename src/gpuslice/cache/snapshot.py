@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import msgspec
 
 from gpuslice.model import nodes
-from gpuslice.policy import columns, registry
+from gpuslice.policy import api, columns
 from gpuslice.policy import quota as quotas
 
 
@@ -42,9 +42,9 @@ class Snapshot:
         quotas: namespace -> quota view (limits plus current usage) for namespaces with limits.
         workload: recently seen pod shapes, for fragmentation-aware policies (None if none yet).
         orphans: grants on unknown nodes or cards.
-        capacity: the nodes' cards per model, sorted by model (``registry.Context.capacity``).
+        capacity: the nodes' cards per model, sorted by model (``api.Context.capacity``).
         jobs: the job index: job -> node name -> the job's pods there (``nodes.JobOnNode``), over
-            every node's ``NodeState.jobs`` (``registry.Context.job_nodes``); read-only, and kept
+            every node's ``NodeState.jobs`` (``api.Context.job_nodes``); read-only, and kept
             by the cache node by node (the mappings of jobs no node change touched are shared
             between snapshots).
     """
@@ -53,7 +53,7 @@ class Snapshot:
     nodes: Mapping[str, _NodeState]
     columns: _Columns
     quotas: Mapping[str, _QuotaView] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
-    workload: registry.Workload | None = None
+    workload: api.Workload | None = None
     orphans: tuple[Orphan, ...] = ()
     capacity: tuple[tuple[str, int], ...] = ()
     jobs: Mapping[str, Mapping[str, _JobOnNode]] = dataclasses.field(
@@ -62,7 +62,7 @@ class Snapshot:
 
     def job_nodes(self, job: str) -> Mapping[str, _JobOnNode]:
         """Node name -> the job's pods there, for every node holding some (empty for '' or none)."""
-        return self.jobs.get(job, registry.NO_JOB_NODES) if job else registry.NO_JOB_NODES
+        return self.jobs.get(job, api.NO_JOB_NODES) if job else api.NO_JOB_NODES
 
     def quota(self, namespace: str) -> _QuotaView | None:
         """The namespace's quota view, or None when it has no limits."""
@@ -85,6 +85,6 @@ def from_states(states: list[nodes.NodeState], generation: int = 0) -> Snapshot:
         generation=generation,
         nodes=types.MappingProxyType(by_name),
         columns=columns.build(states),
-        capacity=registry.model_capacity(d.type for s in states for d in s.inventory.devices),
+        capacity=api.model_capacity(d.type for s in states for d in s.inventory.devices),
         jobs=job_index(by_name),
     )

@@ -23,10 +23,10 @@ from typing import Any
 import msgspec
 import yaml
 
-from gpuslice.cache import shapes
 from gpuslice.codec import goparse
+from gpuslice.framework import registry
 from gpuslice.model import config as model_config
-from gpuslice.policy import chains, registry
+from gpuslice.policy import api
 
 ENV_PREFIX = "GPUSLICE_"
 HAMI_LOCK_EXPIRE_ENV = "HAMI_NODELOCK_EXPIRE"
@@ -420,8 +420,8 @@ def validate(values: Mapping[str, Any]) -> Settings:
             f"node_policy: unknown policy {settings.node_policy!r}; known: {', '.join(registry.names())}"
         )
     try:
-        chains.card_policy(settings.card_policy)
-    except registry.UnknownPolicyError as err:
+        registry.card_policy(settings.card_policy)
+    except api.UnknownPolicyError as err:
         problems.append(f"card_policy: {err}")
     if settings.node_choice not in model_config.NODE_CHOICES:
         known = ", ".join(model_config.NODE_CHOICES)
@@ -438,7 +438,7 @@ def validate(values: Mapping[str, Any]) -> Settings:
         problems.append("shadow_record needs shadow_policies")
     if not settings.workload_period_s >= 0:
         problems.append("workload_period_s must be >= 0")
-    problems.extend(str(err) for err in shapes.errors(settings.workload))
+    problems.extend(str(err) for err in registry.workload_errors(settings.workload))
     if settings.memory_scaling <= 0 or settings.core_scaling <= 0:
         problems.append("memory_scaling and core_scaling must be > 0")
     if settings.memory_factor < 1:

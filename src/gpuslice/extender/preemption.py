@@ -41,7 +41,9 @@ from gpuslice.cache import cache as caches
 from gpuslice.cache import snapshot as snapshots
 from gpuslice.extender import metrics, tasks
 from gpuslice.extender.binding import bind as binds
+from gpuslice.framework import cycle as cycles
 from gpuslice.framework import logs, memo, scheduling, view
+from gpuslice.framework import profile as profiles
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import evictions, objects
@@ -149,7 +151,7 @@ class Preemption:
         self,
         kube: kclient.KubeClient | None,
         cache: Cache,
-        policies: scheduling.Policies,
+        policies: profiles.Profile,
         events: binds.Events,
         metrics_: metrics.Metrics,
         log: logs.Log,
@@ -259,17 +261,16 @@ class Preemption:
         labelled: dict[str, list[victims.Resident]] | None = None,
     ) -> list[victims.Candidate]:
         """The candidates on ``nodes``, best first (``labelled``: residents read from the API)."""
-        ctx = scheduling.context(snap, pod, self.policies)
-        card_policy = self.policies.card(pod)
+        cyc = cycles.Cycle.of(self.policies, snap, pod)
         found = []
         for name in nodes:
-            state = view.node_state(snap, name)
+            state = cyc.state(name)
             if state is None:
                 continue
             residents = (labelled or {}).get(name)
             if residents is None:
                 residents = self.residents(name)
-            c = victims.select_on_node(state, residents, pod, priority, card_policy, ctx, budgets)
+            c = victims.select_on_node(state, residents, pod, priority, cyc.cards, cyc.ctx, budgets)
             if c is not None:
                 found.append(c)
         return victims.order(found)

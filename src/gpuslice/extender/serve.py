@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import os
 import signal
 import socket
@@ -43,8 +42,9 @@ from gpuslice.extender.binding import failpoints, leader, leaderlabel, lockview,
 from gpuslice.extender.http import app as apps
 from gpuslice.extender.http import httpserver as httpservers
 from gpuslice.extender.ops import shadow as shadows
-from gpuslice.framework import logs, scheduling, view
+from gpuslice.framework import logs, view
 from gpuslice.framework import pending as pendings
+from gpuslice.framework import profile as profiles
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events as kevents
 from gpuslice.kube import lease, liveview, objects, tlsfiles
@@ -104,21 +104,11 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     kube = kclient.KubeClient.auto(settings.kubeconfig or None, qps=settings.qps, burst=settings.burst)
     cache = caches.ClusterCache(shapes.ShapeHistogram(settings.workload))
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
-    policies = scheduling.Policies.build(
-        settings.node_policy, settings.card_policy, settings.node_choice, settings.workload.fallback
-    )
-    policies = dataclasses.replace(  # balanced's task affinity and telemetry age (docs/topology.md)
-        policies,
-        job_label=settings.job_label,
-        telemetry_max_age_s=settings.telemetry_max_age_s,
-        clock=time.time,
-        lock_margin=settings.lock_margin,
-    )
+    policies = profiles.Profile.from_settings(settings, clock=time.time)
     instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
     recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
     events: binds.Events = recorder if recorder is not None else binds.NoEvents()
     source = feed.Feed(kube, cache, settings, log, m, recorder)
-    source.sync.job_label = settings.job_label  # each placed pod's job reaches the cache
     lead = leadership(settings, kube)
     flow = binds.BindFlow(
         cache=cache,
@@ -143,15 +133,10 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         sync_wait_s=settings.sync_wait_s,
         faults=failpoints.Failpoints.from_env(),
     )
-    source.on_node_lock = flow.node_lock_changed
     locks = lockview.LockView(  # what the lock margin reads (docs/node-choice.md)
         source.health.lock_values, source.pod, flow.in_flight, time.time, settings.node_lock_expiry_s
     )
-    source.on_capacity_freed = flow.capacity_freed
     shadow = shadows.build(settings, policies, m, cache)  # None unless --shadow-policy
-    if shadow is not None:
-        flow.on_bound = shadow.bound
-        source.on_capacity_freed = shadow.chained(source.on_capacity_freed)
     limits = recovery.Limits(
         settings.orphan_grace_s, settings.allocate_timeout_s, settings.node_lock_expiry_s
     )
@@ -166,14 +151,16 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
 
     label = pod_label(settings, kube, log)  # the Service's way to the leader (lease mode)
 
-    def changed(leading: bool) -> None:
-        m.leader.set(1 if leading else 0)
-        if label is not None:
-            label.want(leading)
-        if leading:
-            sweeper.wake()  # a new leader clears what its predecessor left at once
-
-    lead.on_change = changed
+    # Who hears which event: every listener is registered here, in the order it is told.
+    source.on_node_lock.add(flow.node_lock_changed)  # binds waiting for HAMi's lock; labels
+    source.on_capacity_freed.add(flow.capacity_freed)  # requeue nudges
+    if shadow is not None:
+        flow.on_bound.add(shadow.bound)
+        source.on_capacity_freed.add(shadow.capacity_freed)  # departures
+    lead.on_change.add(lambda leading: m.leader.set(1 if leading else 0))
+    if label is not None:
+        lead.on_change.add(label.want)
+    lead.on_change.add(_wake_when_leading(sweeper))
     m.leader.set(1 if lead.leading else 0)
 
     def follower() -> bool:
@@ -210,7 +197,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         events=events,
         follower=follower,
         follower_ready=label is not None,
-        drain=label.drain if label is not None else None,
+        before_exit=label.drain if label is not None else None,
         synced=source.ready,
         services=services,
         invalid_nodes=source.invalid_nodes,
@@ -221,6 +208,16 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         pending=pendings.PendingPods(alive=_pending_alive(source)),
         read_pod=_pod_reader(source, kube),
     )
+
+
+def _wake_when_leading(sweeper: recovery.Recovery) -> Callable[[bool], None]:
+    """A new leader runs a recovery pass at once: it clears what its predecessor left."""
+
+    def changed(leading: bool) -> None:
+        if leading:
+            sweeper.wake()
+
+    return changed
 
 
 def _pending_alive(source: feed.Feed) -> Callable[[str, str], bool]:
@@ -289,7 +286,7 @@ def main(args: argparse.Namespace) -> int:
     )
     servers = [QuietServer(c) for c in configs]
     with asyncio.Runner(loop_factory=main_config.get_loop_factory()) as runner:
-        code = runner.run(serve_all(servers[0], servers[1] if len(servers) > 1 else None, deps.drain))
+        code = runner.run(serve_all(servers[0], servers[1] if len(servers) > 1 else None, deps.before_exit))
     if code:
         print("gpuslice serve: a listener failed; see the log above", file=sys.stderr)
     return code

@@ -29,11 +29,13 @@ import msgspec
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, resources
-from gpuslice.framework import scheduling, view
+from gpuslice.framework import cycle as cycles
+from gpuslice.framework import profile as profiles
+from gpuslice.framework import view
 from gpuslice.kube import objects
 from gpuslice.model import config as model_config
 from gpuslice.model import nodes, requests, status
-from gpuslice.policy import cards, fit, linkreq, registry
+from gpuslice.policy import api, cards, fit, linkreq
 from gpuslice.policy import quota as quotas
 
 FITS = "fits"
@@ -194,7 +196,7 @@ def request_of(
 def explain(
     snap: view.Snapshot,
     pod: requests.PodRequest,
-    policies: scheduling.Policies,
+    profile: profiles.Profile,
     invalid: Collection[str] | Mapping[str, str] = (),
     excluded: Mapping[str, str] | None = None,
     names: Sequence[str] | None = None,
@@ -204,7 +206,7 @@ def explain(
     Args:
         snap: the cache snapshot the filter would read.
         pod: the pod's request.
-        policies: the extender's policies (the pod's card policy decides the cards).
+        profile: the extender's profile (the pod's card rule decides the cards; ``cycle.Cycle``).
         invalid: nodes whose registration does not decode (a mapping gives the reason too).
         excluded: nodes not to place on now -> reason code (stale handshake, held lock).
         names: the nodes to explain, in this order; a name the snapshot lacks is unregistered.
@@ -212,14 +214,13 @@ def explain(
     excluded = excluded or {}
     if names is None:
         names = sorted(set(snap.nodes) | set(invalid) | set(excluded))
-    quota = view.quota(snap, pod.namespace)
+    cyc = cycles.Cycle.of(profile, snap, pod)
+    quota = cyc.quota
     out: list[Node] = []
     shortfalls: dict[str, tuple[int, int]] = {}
     if pod.wants_gpu:
-        ctx = scheduling.context(snap, pod, policies)
-        card_policy = policies.card(pod)
         for name in names:
-            node, shortfall = _node(snap, name, pod, card_policy, ctx, quota, invalid, excluded)
+            node, shortfall = _node(snap, name, pod, cyc.cards, cyc.ctx, quota, invalid, excluded)
             out.append(node)
             if not node.fits:
                 shortfalls[name] = shortfall
@@ -299,8 +300,8 @@ def _node(
     snap: view.Snapshot,
     name: str,
     pod: requests.PodRequest,
-    card_policy: registry.Policy,
-    ctx: registry.Context,
+    card_policy: api.CardChooser,
+    ctx: api.Context,
     quota: quotas.QuotaView | None,
     invalid: Collection[str] | Mapping[str, str],
     excluded: Mapping[str, str],
@@ -336,7 +337,7 @@ def _node(
         chosen = {g.uuid for grants in placement.allocation.containers for g in grants}
     focus, running = _focus(state, pod, card_policy, ctx, quota, placement)
     req = None if focus is None else pod.containers[focus]
-    idle_only = registry.idle_only(card_policy)
+    idle_only = card_policy.idle_only
     reasons = _card_reasons(running, req, pod.selectors, idle_only, placement)
     shown = _cards(state, running, req, pod.selectors, reasons, chosen)
     st = placement.status
@@ -369,8 +370,8 @@ def _node(
 def _focus(
     state: nodes.NodeState,
     pod: requests.PodRequest,
-    card_policy: registry.Policy,
-    ctx: registry.Context,
+    card_policy: api.CardChooser,
+    ctx: api.Context,
     quota: quotas.QuotaView | None,
     placement: fit.Placement,
 ) -> tuple[int | None, nodes.NodeState]:
@@ -508,7 +509,7 @@ def _change(
     reasons: Sequence[str],
     shown: Sequence[Card],
     quota: quotas.QuotaView | None,
-    card_policy: registry.Policy,
+    card_policy: api.CardChooser,
 ) -> tuple[str, int]:
     """The sentence and shortfall for a node's first reason."""
     name = state.name
@@ -562,7 +563,7 @@ def _change(
     if reason == status.EXCLUSIVE_CONFLICT:
         if req.exclusive:
             return f"needs a whole card (100 % cores) nobody uses, {_cardlist(name, idx)} in use", _FAR
-        if registry.idle_only(card_policy):
+        if card_policy.idle_only:
             return (
                 f"card policy {card_policy.name} takes only idle cards, {_cardlist(name, idx)} in use",
                 _FAR,

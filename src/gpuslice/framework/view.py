@@ -10,9 +10,9 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Protocol
 
 from gpuslice.model import allocations, nodes, status
+from gpuslice.policy import api
 from gpuslice.policy import columns as policy_columns
 from gpuslice.policy import quota as quotas
-from gpuslice.policy import registry
 
 _JobOnNode = nodes.JobOnNode  # the Protocol's ``nodes`` property shadows the module in its body
 
@@ -36,13 +36,13 @@ class Snapshot(Protocol):
         ...
 
     @property
-    def workload(self) -> registry.Workload | None:
+    def workload(self) -> api.Workload | None:
         """Recently seen pod shapes (FGD's target workload), None if none yet."""
         ...
 
     @property
     def capacity(self) -> tuple[tuple[str, int], ...]:
-        """The nodes' cards per model (``registry.Context.capacity``)."""
+        """The nodes' cards per model (``api.Context.capacity``)."""
         ...
 
     @property
@@ -79,12 +79,12 @@ class Cache(Protocol):
         """Drop an assumption (bind failed); False when the pod was not assumed."""
         ...
 
-    def observe_request(self, shape: registry.Shape) -> None:
+    def observe_request(self, shape: api.Shape) -> None:
         """Record a requested pod shape for the target-workload histogram."""
         ...
 
 
-def observe(cache: Cache, shape: registry.Shape) -> None:
+def observe(cache: Cache, shape: api.Shape) -> None:
     """Feed the cache's recent-request histogram (FGD's target workload)."""
     cache.observe_request(shape)
 
@@ -121,7 +121,7 @@ def quota(snap: Snapshot, namespace: str) -> quotas.QuotaView | None:
     return snap.quota(namespace)
 
 
-def workload(snap: Snapshot) -> registry.Workload | None:
+def workload(snap: Snapshot) -> api.Workload | None:
     """The recent-request histogram as an FGD target workload, when the cache keeps one."""
     return snap.workload
 
@@ -134,5 +134,5 @@ def capacity(snap: Snapshot) -> tuple[tuple[str, int], ...]:
 def job_nodes(snap: Snapshot, job: str) -> Mapping[str, nodes.JobOnNode]:
     """Node name -> the job's pods there, for every node holding some (empty for '' or none)."""
     if not job:
-        return registry.NO_JOB_NODES
-    return snap.jobs.get(job, registry.NO_JOB_NODES)
+        return api.NO_JOB_NODES
+    return snap.jobs.get(job, api.NO_JOB_NODES)

@@ -58,8 +58,8 @@ from gpuslice.kube import claims, events, informer, kinds, objects
 from gpuslice.kube import client as kclient
 from gpuslice.model import allocations, nodes, requests, status
 from gpuslice.model import config as model_config
+from gpuslice.policy import api
 from gpuslice.policy import quota as quotas
-from gpuslice.policy import registry
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Sink(Protocol):
         """Whether the cache holds the pod as assumed or added (None: not at all)."""
         ...
 
-    def observe_request(self, shape: registry.Shape) -> None:
+    def observe_request(self, shape: api.Shape) -> None:
         """Record a requested pod shape for the target-workload histogram."""
         ...
 
@@ -456,7 +456,7 @@ class Sync:
             del self._observed[next(iter(self._observed))]
         host = host_request(pod)
         if host is not None:
-            self.cache.observe_request(registry.Shape(cpu_milli=host[0], share_milli=0, count=0))
+            self.cache.observe_request(api.Shape(cpu_milli=host[0], share_milli=0, count=0))
 
     def _asks_gpu(self, pod: objects.Pod) -> bool:
         names = self.request_config.names

@@ -236,7 +236,8 @@ def workload_errors(
     Args:
         ws: the settings.
         policies: the registered policy names ``fallback`` may take (besides ``pod``); None skips
-            that check (this layer does not know the registry; ``cache.shapes.errors`` passes it).
+            that check (this layer does not know the registry;
+            ``framework.registry.workload_errors`` passes it).
     """
     out: list[WorkloadSettingError] = []
     if not 0.0 < ws.decay <= 1.0:  # also refuses NaN

@@ -51,7 +51,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from gpuslice.model import allocations, devices, nodes, requests
-from gpuslice.policy import cards, columns, fit, linktables, registry, thermal, usage, vectorfit
+from gpuslice.policy import api, cards, columns, fit, linktables, thermal, usage, vectorfit
 
 W_BALANCE, W_AFFINITY, W_THERMAL, W_FRAGMENTATION = 0.4, 0.3, 0.2, 0.1
 NEUTRAL = 50.0
@@ -70,6 +70,8 @@ class Balanced:
     """See the module docstring."""
 
     name = "balanced"
+    idle_only = False
+    learns_workload = False
 
     def __init__(self, args: Mapping[str, float]) -> None:
         """Validate the (empty) args."""
@@ -81,7 +83,7 @@ class Balanced:
         state: nodes.NodeState,
         request: requests.ContainerRequest,
         eligible: tuple[int, ...],
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> tuple[int, ...] | None:
         """The emptiest eligible cards after the request; ties to the cooler card, then index."""
         heads = thermal.headrooms(state, ctx.now, ctx.telemetry_max_age_s)
@@ -90,21 +92,19 @@ class Balanced:
         ranked = sorted(eligible, key=lambda i: (usage.card_key(state, i, request, wm, wc), -cool[i], i))
         return tuple(ranked[: request.count])
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
         """The weighted score of the node after placing the pod."""
         placed = fit.place(state, pod, self, ctx)
         if placed.allocation is None:
-            return registry.Scored(0)
-        return registry.Scored(components(state, pod, placed.allocation, ctx)[-1])
+            return api.Scored(0)
+        return api.Scored(components(state, pod, placed.allocation, ctx)[-1])
 
     def score_columns(
         self,
         cols: columns.NodeColumns,
         rows: columns.IntArray,
         pod: requests.PodRequest,
-        ctx: registry.Context = registry.EMPTY_CONTEXT,
+        ctx: api.Context = api.EMPTY_CONTEXT,
     ) -> columns.IntArray:
         """``score_node`` for many rows of a pod ``vectorfit`` can judge (module docstring)."""
         req = vectorfit.request_of(pod, None)
@@ -117,7 +117,7 @@ def components(
     state: nodes.NodeState,
     pod: requests.PodRequest,
     alloc: allocations.PodAllocation,
-    ctx: registry.Context = registry.EMPTY_CONTEXT,
+    ctx: api.Context = api.EMPTY_CONTEXT,
 ) -> tuple[float, float, float, float, int]:
     """(U, A, T, F, score) for a placement (exposed for tests and explanations)."""
     after = allocations.apply(state, alloc)
@@ -125,7 +125,7 @@ def components(
     index = {d.uuid: i for i, d in enumerate(devs)}
     chosen = sorted({index[g.uuid] for c in alloc.containers for g in c if g.uuid in index})
     if not devs or not chosen:
-        return (100.0, NEUTRAL, NEUTRAL, 100.0, registry.MAX_SCORE)
+        return (100.0, NEUTRAL, NEUTRAL, 100.0, api.MAX_SCORE)
     wm, wc = usage.DEFAULT_MEMORY_WEIGHT, usage.DEFAULT_CORES_WEIGHT
     u = [_card_usage(d, after.usage[i], wm, wc) for i, d in enumerate(devs)]
     mean = _sum(u) / len(u)
@@ -139,7 +139,7 @@ def components(
     stranded = sum(1 for i in chosen if 0 < after.free_memory(i) < STRANDED_FRACTION * devs[i].memory_mib)
     frag = 100.0 * (1.0 - stranded / len(chosen))
     total = W_BALANCE * balance + W_AFFINITY * affinity + W_THERMAL * heat + W_FRAGMENTATION * frag
-    return (balance, affinity, heat, frag, min(registry.MAX_SCORE, math.floor(total + 1e-9)))
+    return (balance, affinity, heat, frag, min(api.MAX_SCORE, math.floor(total + 1e-9)))
 
 
 def _sum(xs: list[float]) -> float:
@@ -170,7 +170,7 @@ def _score_rows(
     rows: columns.IntArray,
     pod: requests.PodRequest,
     req: requests.ContainerRequest,
-    ctx: registry.Context = registry.EMPTY_CONTEXT,
+    ctx: api.Context = api.EMPTY_CONTEXT,
 ) -> columns.IntArray:
     """``score_node`` of every row: ``fit.place`` with this policy's card choice, then ``components``.
 
@@ -262,7 +262,7 @@ def _score_rows(
     # F: chosen cards left with a sliver (0 < free < 10 % of the card) of memory
     frag = 100.0 * (1.0 - stranded / count)
     total = W_BALANCE * balance + W_AFFINITY * affinity + W_THERMAL * heat + W_FRAGMENTATION * frag
-    out: columns.IntArray = np.minimum(registry.MAX_SCORE, np.floor(total + 1e-9)).astype(np.int64)
+    out: columns.IntArray = np.minimum(api.MAX_SCORE, np.floor(total + 1e-9)).astype(np.int64)
     out[~placeable] = 0
     return out
 
@@ -320,7 +320,7 @@ def _job_score(close: int, count: int) -> float:
     return 50.0 + 50.0 * (close / count)
 
 
-def _job_affinity(ctx: registry.Context, state: nodes.NodeState, chosen: tuple[int, ...]) -> float | None:
+def _job_affinity(ctx: api.Context, state: nodes.NodeState, chosen: tuple[int, ...]) -> float | None:
     """A by the pod's job, or None when like-joins-like applies (no job, or its first pod)."""
     if not ctx.job or not ctx.job_nodes:
         return None
@@ -331,7 +331,7 @@ def _job_affinity(ctx: registry.Context, state: nodes.NodeState, chosen: tuple[i
 
 
 def _job_affinity_rows(
-    cols: columns.NodeColumns, rows: columns.IntArray, picks: np.ndarray, ctx: registry.Context
+    cols: columns.NodeColumns, rows: columns.IntArray, picks: np.ndarray, ctx: api.Context
 ) -> np.ndarray:
     """``_job_affinity`` of every row: 0 except on the (few) rows of nodes holding the job's pods."""
     out = np.zeros(len(rows), np.float64)
@@ -370,4 +370,5 @@ def _affinity(state: nodes.NodeState, pod: requests.PodRequest, chosen: list[int
     return 100.0 * held / len(others)
 
 
-registry.register("balanced", Balanced)
+FACTORIES: Mapping[str, api.PolicyFactory] = {"balanced": Balanced}
+"""The policies this module defines, by registry name (``framework.registry`` collects them)."""

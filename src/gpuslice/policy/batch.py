@@ -9,39 +9,24 @@ expressions over ``columns.NodeColumns`` in the same order. Any other pod goes t
 for the chosen node still comes from ``fit.place`` (which asks the card policy), so a card policy
 that refuses a choice on an otherwise feasible node is caught there (``choose`` moves on).
 
-Node scores are vectorised for policies with a ``score_columns(cols, rows, pod, ctx)`` method (binpack,
-spread, the topology-aware family), and computed per feasible node otherwise.
+Node scores are vectorised for node policies that are ``api.BatchScorer`` (binpack, spread, the
+topology-aware family, ...; ``api.Plugin.batch``), and computed per feasible node otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple
 
 import numpy as np
 
 from gpuslice.model import allocations, nodes, requests, status
-from gpuslice.policy import columns, fit, registry, vectorfit
+from gpuslice.policy import api, columns, fit, vectorfit
 from gpuslice.policy import quota as quotas
 
 IntArray = columns.IntArray
 
 _UNKNOWN = -1  # key of a name the columns do not hold
-
-
-@runtime_checkable
-class ColumnScorer(Protocol):
-    """A node policy that can score many rows at once (identical to its ``score_node``).
-
-    For a pod without cards (CPU-only) ``score_columns`` either scores exactly as well or raises
-    ``ValueError``; the simulator's column pass relies on that to fall back to ``score_node``.
-    """
-
-    def score_columns(
-        self, cols: columns.NodeColumns, rows: IntArray, pod: requests.PodRequest, ctx: registry.Context
-    ) -> IntArray:
-        """Scores 0..100 of the given rows."""
-        ...
 
 
 class Evaluation(NamedTuple):
@@ -66,21 +51,14 @@ class Evaluation(NamedTuple):
         return [names[k] for k in best_first(names, self.scores[idx])]
 
 
-def fast_request(
-    pod: requests.PodRequest, quota: quotas.QuotaView | None
-) -> requests.ContainerRequest | None:
-    """The one GPU request when the pod qualifies for the vectorised path, else None."""
-    return vectorfit.request_of(pod, quota)
-
-
 def evaluate(
     states: Mapping[str, nodes.NodeState],
     cols: columns.NodeColumns | None,
     names: Sequence[str],
     pod: requests.PodRequest,
-    node_policy: registry.Policy,
-    card_policy: registry.Policy,
-    ctx: registry.Context = registry.EMPTY_CONTEXT,
+    node_policy: api.Plugin,
+    card_policy: api.CardChooser,
+    ctx: api.Context = api.EMPTY_CONTEXT,
     quota: quotas.QuotaView | None = None,
 ) -> Evaluation:
     """Judge every named node (see the module docstring); unknown names are unregistered nodes."""
@@ -97,7 +75,7 @@ def evaluate(
         rows = cols.rows(names)
         known = rows >= 0
         feasible, keys = vectorfit.judge(
-            cols, np.where(known, rows, 0), pod, req, quota, registry.idle_only(card_policy)
+            cols, np.where(known, rows, 0), pod, req, quota, card_policy.idle_only
         )
         feasible &= known
         keys[~known] = _UNKNOWN
@@ -109,9 +87,8 @@ def evaluate(
                 zip([names[i] for i in bad.tolist()], [decoded[j] for j in inverse.tolist()], strict=True)
             )
         ok_idx = np.flatnonzero(feasible)
-        score_columns = getattr(node_policy, "score_columns", None)  # ColumnScorer (isinstance is slow)
-        if score_columns is not None:
-            scores[ok_idx] = score_columns(cols, rows[ok_idx], pod, ctx)
+        if node_policy.batch is not None:
+            scores[ok_idx] = node_policy.batch.score_columns(cols, rows[ok_idx], pod, ctx)
         else:
             for i in ok_idx:
                 scores[i] = node_policy.score_node(states[names[i]], pod, ctx).score
@@ -157,8 +134,8 @@ def first_placed(
     names: Sequence[str],
     scores: np.ndarray,
     pod: requests.PodRequest,
-    card_policy: registry.Policy,
-    ctx: registry.Context = registry.EMPTY_CONTEXT,
+    card_policy: api.CardChooser,
+    ctx: api.Context = api.EMPTY_CONTEXT,
     quota: quotas.QuotaView | None = None,
 ) -> tuple[int, allocations.PodAllocation] | None:
     """The best node (``best_first`` by ``scores``) whose cards the card policy accepts, and its cards.
@@ -182,8 +159,8 @@ def choose(
     states: Mapping[str, nodes.NodeState],
     evaluation: Evaluation,
     pod: requests.PodRequest,
-    card_policy: registry.Policy,
-    ctx: registry.Context = registry.EMPTY_CONTEXT,
+    card_policy: api.CardChooser,
+    ctx: api.Context = api.EMPTY_CONTEXT,
     quota: quotas.QuotaView | None = None,
 ) -> fit.Placement | None:
     """The placement on the first feasible node (``best_first``) whose cards the card policy accepts."""

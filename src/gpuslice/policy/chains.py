@@ -25,10 +25,8 @@ binpack and spread rank cards by the same usage key as the ``binpack`` / ``sprea
 
 from __future__ import annotations
 
-import functools
-
 from gpuslice.model import nodes, requests
-from gpuslice.policy import fill, registry, usage
+from gpuslice.policy import api, fill, usage
 
 BINPACK, SPREAD, NUMA = "binpack", "spread", "numa"
 MUTEX, TOPOLOGY = "mutex", "topology-aware"
@@ -36,22 +34,27 @@ SORT_KEYS = (BINPACK, SPREAD, NUMA)
 FILTERS = (MUTEX, TOPOLOGY)
 
 
-class Chain(registry.Filtered):
+class Chain:
     """A card policy built from HAMi's sort keys and filters (module docstring)."""
 
-    def __init__(self, items: tuple[str, ...]) -> None:
-        """``items``: the chain's distinct items in the order written (already validated)."""
+    learns_workload = False
+
+    def __init__(self, items: tuple[str, ...], topology: api.Policy | None = None) -> None:
+        """``items``: the chain's distinct items in the order written (already validated).
+
+        ``topology``: the ``topology-aware`` policy, given when ``items`` names it.
+        """
         self.name = ",".join(items)
         keys = tuple(k for k in items if k in SORT_KEYS)
         self.keys = keys or (SPREAD,)
         self.idle_only = MUTEX in items
-        self._topology = registry.get(TOPOLOGY) if TOPOLOGY in items else None
+        if (topology is not None) != (TOPOLOGY in items):
+            raise ValueError("a chain takes the topology policy exactly when it names topology-aware")
+        self._topology = topology
         usage_key = next((k for k in self.keys if k != NUMA), SPREAD)
         self._fill = fill.Fill(usage_key, usage_key == BINPACK, {})
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
         """The topology score when the chain names ``topology-aware``, else its first usage key's."""
         if self._topology is not None:
             return self._topology.score_node(state, pod, ctx)
@@ -62,7 +65,7 @@ class Chain(registry.Filtered):
         state: nodes.NodeState,
         request: requests.ContainerRequest,
         eligible: tuple[int, ...],
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> tuple[int, ...] | None:
         """The first ``request.count`` eligible cards in chain order (or the best-connected set)."""
         if self._topology is not None:
@@ -89,25 +92,3 @@ def items(value: str) -> tuple[str, ...]:
     for part in value.split(","):
         out.setdefault(part.strip(), None)
     return tuple(out)
-
-
-@functools.lru_cache(maxsize=256)
-def card_policy(value: str) -> registry.Policy:
-    """The card policy a value names (module docstring).
-
-    Raises:
-        UnknownPolicyError: an empty value, an unknown item, or a whole-node policy in a chain.
-    """
-    parts = items(value)
-    if "" in parts:  # HAMi refuses "binpack," too (``IsValidGPUSchedulerPolicy``)
-        raise registry.UnknownPolicyError(f"card policy {value!r} has an empty item")
-    if len(parts) == 1 and parts[0] not in (MUTEX, NUMA):
-        return registry.get(parts[0])
-    for item in parts:
-        if item not in SORT_KEYS and item not in FILTERS:
-            what = "cannot be chained" if item in registry.names() else "is not a card policy"
-            raise registry.UnknownPolicyError(
-                f"card policy {value!r}: {item!r} {what}; a chain combines "
-                f"{', '.join(SORT_KEYS)} (sort keys) and {', '.join(FILTERS)} (filters)"
-            )
-    return Chain(parts)

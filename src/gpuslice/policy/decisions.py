@@ -17,7 +17,7 @@ from __future__ import annotations
 import msgspec
 
 from gpuslice.model import allocations, nodes, requests
-from gpuslice.policy import registry
+from gpuslice.policy import api
 
 AGREE_CARDS = "cards"
 """Same node and the same cards per container."""
@@ -77,7 +77,7 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True, tag="workload"):
     """The target workload the learning policies see from here on (None: untrusted)."""
 
     time: float
-    workload: registry.Workload | None
+    workload: api.Workload | None
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True, tag="decision"):

@@ -10,11 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuslice.model import nodes, requests
-from gpuslice.policy import columns, registry, usage
+from gpuslice.policy import api, columns, usage
 
 
 class Fill:
     """A usage-based policy; ``fullest`` selects binpack (True) or spread (False)."""
+
+    idle_only = False
+    """Declared: no card filter beyond the fit (``api.Policy``)."""
+    learns_workload = False
+    """Declared: scores without the learned workload (``api.Policy``)."""
 
     def __init__(self, name: str, fullest: bool, args: Mapping[str, float]) -> None:
         """Read the optional ``memory`` / ``cores`` weights."""
@@ -23,31 +28,29 @@ class Fill:
         self.wm, self.wc = usage.weights(args)
 
     def _oriented(self, used: int) -> int:
-        return used if self.fullest else registry.MAX_SCORE - used
+        return used if self.fullest else api.MAX_SCORE - used
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
         """Higher for fuller (binpack) or emptier (spread) nodes."""
-        return registry.Scored(self._oriented(usage.node_usage_score(state, pod, self.wm, self.wc)))
+        return api.Scored(self._oriented(usage.node_usage_score(state, pod, self.wm, self.wc)))
 
     def score_columns(
         self,
         cols: columns.NodeColumns,
         rows: columns.IntArray,
         pod: requests.PodRequest,
-        ctx: registry.Context = registry.EMPTY_CONTEXT,
+        ctx: api.Context = api.EMPTY_CONTEXT,
     ) -> columns.IntArray:
         """``score_node`` for many rows at once."""
         used = usage.node_usage_scores(cols, rows, pod, self.wm, self.wc)
-        return used if self.fullest else registry.MAX_SCORE - used
+        return used if self.fullest else api.MAX_SCORE - used
 
     def choose_cards(
         self,
         state: nodes.NodeState,
         request: requests.ContainerRequest,
         eligible: tuple[int, ...],
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> tuple[int, ...] | None:
         """The fullest (binpack) or emptiest (spread) eligible cards."""
         return usage.choose_by_key(
@@ -55,5 +58,8 @@ class Fill:
         )
 
 
-registry.register("binpack", lambda args: Fill("binpack", True, args))
-registry.register("spread", lambda args: Fill("spread", False, args))
+FACTORIES: Mapping[str, api.PolicyFactory] = {
+    "binpack": lambda args: Fill("binpack", True, args),
+    "spread": lambda args: Fill("spread", False, args),
+}
+"""The policies this module defines, by registry name (``framework.registry`` collects them)."""

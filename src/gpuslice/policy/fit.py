@@ -7,7 +7,7 @@ containers are each fit on the node as given (they run one at a time); app conta
 cumulatively, each seeing the cards the earlier ones took. Native sidecars (init containers with
 ``restartPolicy: Always``) keep running: they are placed cumulatively like app containers, and the
 init containers after them see their cards taken. A card policy that admits only idle
-cards (``mutex``, ``registry.idle_only``) rejects cards in use before any capacity check. The
+cards (``mutex``, ``api.CardChooser.idle_only``) rejects cards in use before any capacity check. The
 pod's ``hami.io/device-scoring-weights`` reach the card policy through ``Context.card_weights``.
 
 The namespace quota is checked card by card with what the cache will charge for the whole pod
@@ -49,7 +49,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from gpuslice.model import allocations, nodes, requests, status
-from gpuslice.policy import cards, linkreq, registry
+from gpuslice.policy import api, cards, linkreq
 from gpuslice.policy import quota as quotas
 
 CardReasons = tuple[tuple[str, int], ...]
@@ -79,8 +79,8 @@ class _Fail(NamedTuple):
 def place(
     state: nodes.NodeState,
     pod: requests.PodRequest,
-    card_policy: registry.Policy,
-    ctx: registry.Context = registry.EMPTY_CONTEXT,
+    card_policy: api.CardChooser,
+    ctx: api.Context = api.EMPTY_CONTEXT,
     quota: quotas.QuotaView | None = None,
 ) -> Placement:
     """Fit the pod on the node: an allocation, or why not (see the module docstring)."""
@@ -153,8 +153,8 @@ def _charged(entry: _Entry) -> tuple[int, int, int]:
 def _attempt(
     state: nodes.NodeState,
     pod: requests.PodRequest,
-    policy: registry.Policy,
-    ctx: registry.Context,
+    policy: api.CardChooser,
+    ctx: api.Context,
     quota: quotas.QuotaView | None,
 ) -> allocations.PodAllocation | _Fail:
     inv = state.inventory
@@ -168,7 +168,7 @@ def _attempt(
     out: list[allocations.ContainerAllocation] = []
     running = state  # the node with the sidecars and app containers placed so far
     charge = _Charge() if quota is not None else None
-    idle_only = registry.idle_only(policy)
+    idle_only = policy.idle_only
     last_gpu = max((k for k, c in enumerate(pod.containers) if c is not None and c.count > 0), default=-1)
     link = pod.topology if pod.topology is not None and pod.topology.active else None
     for position, req in enumerate(pod.containers):
@@ -198,8 +198,8 @@ def _fit_container(
     state: nodes.NodeState,
     req: requests.ContainerRequest,
     sel: requests.Selectors,
-    policy: registry.Policy,
-    ctx: registry.Context,
+    policy: api.CardChooser,
+    ctx: api.Context,
     quota: quotas.QuotaView | None,
     charge: _Charge | None,
     kind: int,
@@ -318,8 +318,8 @@ def _choose_linked(
     state: nodes.NodeState,
     req: requests.ContainerRequest,
     sel: requests.Selectors,
-    policy: registry.Policy,
-    ctx: registry.Context,
+    policy: api.CardChooser,
+    ctx: api.Context,
     eligible: tuple[int, ...],
     linked: _Linked | None,
 ) -> tuple[int, ...] | None:
@@ -342,8 +342,8 @@ def _choose(
     state: nodes.NodeState,
     req: requests.ContainerRequest,
     sel: requests.Selectors,
-    policy: registry.Policy,
-    ctx: registry.Context,
+    policy: api.CardChooser,
+    ctx: api.Context,
     eligible: tuple[int, ...],
 ) -> tuple[int, ...] | None:
     """Ask the card policy; under numa_bind, per NUMA node in ascending id until one accepts."""

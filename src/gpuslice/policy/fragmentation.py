@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from gpuslice.model import nodes, requests
-from gpuslice.policy import columns, fragcolumns, fragscore, registry, shares
+from gpuslice.policy import api, columns, fragcolumns, fragscore, shares
 
 FreeCards = tuple[int, ...]
 
@@ -38,8 +38,8 @@ UNIT = fragscore.UNIT
 
 
 def top_pairs(
-    pairs: list[tuple[registry.Shape, float]], coverage: float = COVERAGE
-) -> list[tuple[registry.Shape, float]]:
+    pairs: list[tuple[api.Shape, float]], coverage: float = COVERAGE
+) -> list[tuple[api.Shape, float]]:
     """The most popular (shape, weight) pairs covering ``coverage`` of the total weight.
 
     Ties in popularity are ordered by (count, share, CPU, types), so the cut is deterministic.
@@ -48,7 +48,7 @@ def top_pairs(
         pairs, key=lambda sp: (-sp[1], sp[0].count, sp[0].share_milli, sp[0].cpu_milli, sp[0].types)
     )
     total = sum(p for _, p in pairs)
-    kept: list[tuple[registry.Shape, float]] = []
+    kept: list[tuple[api.Shape, float]] = []
     covered = 0.0
     for s, p in ranked:
         if kept and covered >= coverage * total - 1e-9 * total:
@@ -58,13 +58,13 @@ def top_pairs(
     return kept
 
 
-def top_shapes(workload: registry.Workload, coverage: float = COVERAGE) -> registry.Workload:
+def top_shapes(workload: api.Workload, coverage: float = COVERAGE) -> api.Workload:
     """FGD's target workload M: the top shapes of a histogram covering ``coverage``, renormalized."""
     kept = top_pairs(list(zip(workload.shapes, workload.weights, strict=True)), coverage)
     norm = sum(p for _, p in kept)
     if norm <= 0:
         return workload
-    return registry.Workload(tuple(s for s, _ in kept), tuple(p / norm for _, p in kept))
+    return api.Workload(tuple(s for s, _ in kept), tuple(p / norm for _, p in kept))
 
 
 quantize = fragscore.quantize
@@ -79,7 +79,7 @@ class Fragmentation:
     REPEATED = False
     """True for fgd-lookahead's measure (``fragcolumns.Plan`` reads it)."""
 
-    def __init__(self, workload: registry.Workload) -> None:
+    def __init__(self, workload: api.Workload) -> None:
         self.workload = workload
         units = quantize(workload.weights)
         self._cpu_only = sum(p for s, p in zip(workload.shapes, units, strict=True) if s.count == 0)
@@ -108,7 +108,7 @@ class Fragmentation:
             self._memo[key] = hit
         return hit
 
-    def shape(self, model: str, cpu_free: int, free: FreeCards, shape: registry.Shape) -> int:
+    def shape(self, model: str, cpu_free: int, free: FreeCards, shape: api.Shape) -> int:
         """``F_n(m)`` for one shape in milli-GPU (unmemoized; for tests and reports)."""
         total = sum(free)
         if shape.count == 0 or not shares.type_allowed(model, shape.types):
@@ -197,7 +197,7 @@ def fgd_choice(
     return max(best, 0), card
 
 
-class FGD(registry.Learned):
+class FGD:
     """The FGD policy.
 
     ``ctx.workload`` is the observed shape histogram (the pod itself if absent); FGD measures
@@ -205,15 +205,18 @@ class FGD(registry.Learned):
     """
 
     name = "fgd"
+    idle_only = False
+    learns_workload = True
+    """Declared: scores against ``Context.workload`` (callers give a fallback until it is trusted)."""
 
     def __init__(self) -> None:
-        self._source: registry.Workload | None = None
+        self._source: api.Workload | None = None
         self._capacity: tuple[tuple[str, int], ...] = ()
         self._frag: Fragmentation | None = None
 
-    def fragmentation(self, ctx: registry.Context, d: shares.Demand) -> Fragmentation:
+    def fragmentation(self, ctx: api.Context, d: shares.Demand) -> Fragmentation:
         """The memoized measure for the context's workload and capacity (rebuilt when either changes)."""
-        workload = ctx.workload or registry.Workload((shares.shape_of(d),), (1.0,))
+        workload = ctx.workload or api.Workload((shares.shape_of(d),), (1.0,))
         cached = self._frag
         if (
             cached is not None
@@ -227,14 +230,12 @@ class FGD(registry.Learned):
         return self._frag
 
     def measure_for(
-        self, workload: registry.Workload, capacity: tuple[tuple[str, int], ...] = ()
+        self, workload: api.Workload, capacity: tuple[tuple[str, int], ...] = ()
     ) -> Fragmentation:
         """The memoized measure for a workload histogram (FGD: its top shapes; capacity unused)."""
         return Fragmentation(top_shapes(workload))
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
         """``int(100 * sigmoid((F_old - F_new) / 1000))``, the best card's for a sharing pod."""
         free = shares.free_milli(state)
         d = shares.demand(pod, shares.card_memory(state))
@@ -242,14 +243,14 @@ class FGD(registry.Learned):
         got, _ = fgd_choice(
             self.fragmentation(ctx, d), state.inventory.model, state.cpu_free_milli, free, d, eligible
         )
-        return registry.Scored(got)
+        return api.Scored(got)
 
     def score_columns(
         self,
         cols: columns.NodeColumns,
         rows: columns.IntArray,
         pod: requests.PodRequest,
-        ctx: registry.Context = registry.EMPTY_CONTEXT,
+        ctx: api.Context = api.EMPTY_CONTEXT,
     ) -> columns.IntArray:
         """``score_node`` of many rows at once (``fragcolumns``), for a pod ``vectorfit`` can judge."""
 
@@ -264,7 +265,7 @@ class FGD(registry.Learned):
         cols: columns.NodeColumns,
         rows: columns.IntArray,
         pod: requests.PodRequest,
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> columns.IntArray:
         """``score_node`` row by row from the columns (cards with more than a whole card free)."""
         view = fragcolumns.read(cols, rows)
@@ -281,7 +282,7 @@ class FGD(registry.Learned):
         pod: requests.PodRequest,
         request: requests.ContainerRequest,
         eligible: tuple[int, ...],
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> tuple[int, ...] | None:
         """The card of least fragmentation growth for a sharing pod; lowest free cards otherwise."""
         free = shares.free_milli(state)
@@ -301,15 +302,16 @@ class FGD(registry.Learned):
         state: nodes.NodeState,
         request: requests.ContainerRequest,
         eligible: tuple[int, ...],
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> tuple[int, ...] | None:
         """As ``choose_cards_for_pod`` for a pod without host CPU (the card rule alone)."""
         pod = requests.PodRequest(containers=(request,))
         return self.choose_cards_for_pod(state, pod, request, eligible, ctx)
 
 
-def _build(args: Mapping[str, float]) -> registry.Policy:
+def _build(args: Mapping[str, float]) -> api.Policy:
     return FGD()
 
 
-registry.register("fgd", _build)
+FACTORIES: Mapping[str, api.PolicyFactory] = {"fgd": _build}
+"""The policies this module defines, by registry name (``framework.registry`` collects them)."""

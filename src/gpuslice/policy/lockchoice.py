@@ -12,7 +12,7 @@ are all passed in. Callers decide what "busy" means and where the time comes fro
 from the node watch and its own binds in flight (``extender.lockview``), the simulator from its
 lock-window model (``sim.lockwindow``). Both call these functions, so they choose alike.
 
-The margin is a fraction of the score scale ``registry.MAX_SCORE``: 0.1 admits every node within
+The margin is a fraction of the score scale ``api.MAX_SCORE``: 0.1 admits every node within
 10 points of the best. Scores below 0 mark nodes the pod does not fit (the extender's ``UNFIT``);
 they are never near the best. Margin 0, no busy node near the best, or every node near the best
 busy: the scores come back unchanged (the same array), so the choice is exactly the policy's.
@@ -24,15 +24,15 @@ import math
 
 import numpy as np
 
-from gpuslice.policy import registry
+from gpuslice.policy import api
 
-LIFT = 10 * registry.MAX_SCORE
+LIFT = 10 * api.MAX_SCORE
 """Added to the free nodes near the best (``prefer_free``): more than any score range, so they lead."""
 
 
 def band(margin: float) -> float:
-    """The margin in score points: ``margin`` x ``registry.MAX_SCORE``, float noise rounded off."""
-    return round(margin * registry.MAX_SCORE, 9)
+    """The margin in score points: ``margin`` x ``api.MAX_SCORE``, float noise rounded off."""
+    return round(margin * api.MAX_SCORE, 9)
 
 
 def near_best(scores: np.ndarray, margin: float) -> np.ndarray:
@@ -71,7 +71,7 @@ def prefer_free(scores: np.ndarray, locked: np.ndarray, margin: float) -> np.nda
     Args:
         scores: the policy's scores of the candidates (after its candidate step); below 0: unfit.
         locked: True where the candidate's node lock is busy (same length).
-        margin: fraction of ``registry.MAX_SCORE`` (0 = the policy's choice exactly).
+        margin: fraction of ``api.MAX_SCORE`` (0 = the policy's choice exactly).
     """
     split = _split(scores, locked, margin)
     if split is None:

@@ -19,7 +19,7 @@ keeps its own shapes.
 cluster-wide mix of tasks. A task pinned to one model only ever lands on that model's nodes, so
 those nodes expect more of it per card than its share of the histogram says, and nodes of other
 models expect none of it. With ``r_s`` the share of the cluster's cards that shape s can use
-(``registry.Context.capacity``) and ``a_s = p_s / r_s`` (``a = p`` for unconstrained and CPU-only
+(``api.Context.capacity``) and ``a_s = p_s / r_s`` (``a = p`` for unconstrained and CPU-only
 shapes), a node of model t weighs each shape it can serve ``a_s / Z_t`` (``Z_t`` the sum of ``a``
 over those shapes): the mix of tasks it should expect. A shape it cannot serve weighs nothing unless
 its models are *scarce*: the GPU demand that can run only on them is at least their share of the
@@ -44,24 +44,24 @@ import bisect
 import itertools
 from collections.abc import Mapping
 
-from gpuslice.policy import fragcolumns, fragmentation, registry, shares
+from gpuslice.policy import api, fragcolumns, fragmentation, shares
 
 MAX_CARDS = 8
 """Width of the shared CPU step table: nodes of up to this many cards use it, larger ones their own."""
 
 
-def top_by_type(workload: registry.Workload, coverage: float = fragmentation.COVERAGE) -> registry.Workload:
+def top_by_type(workload: api.Workload, coverage: float = fragmentation.COVERAGE) -> api.Workload:
     """FGD's top-shapes cut applied within each model-constraint class, class weights kept."""
-    classes: dict[tuple[str, ...], list[tuple[registry.Shape, float]]] = {}
+    classes: dict[tuple[str, ...], list[tuple[api.Shape, float]]] = {}
     for s, p in zip(workload.shapes, workload.weights, strict=True):
         classes.setdefault(s.types, []).append((s, p))
-    kept: list[tuple[registry.Shape, float]] = []
+    kept: list[tuple[api.Shape, float]] = []
     for members in classes.values():
         kept.extend(fragmentation.top_pairs(members, coverage))
     norm = sum(p for _, p in kept)
     if norm <= 0:
         return workload
-    return registry.Workload(tuple(s for s, _ in kept), tuple(p / norm for _, p in kept))
+    return api.Workload(tuple(s for s, _ in kept), tuple(p / norm for _, p in kept))
 
 
 def _reach(types: tuple[str, ...], capacity: tuple[tuple[str, int], ...]) -> float:
@@ -81,14 +81,14 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
     """``F_n(M)`` with sharing shapes measured against as many tasks as the node can hold.
 
     Weighted by model (``model_weights``, see the module docstring): ``capacity`` is the cluster's
-    cards per model (``registry.Context.capacity``; empty = unknown, every shape reaches everything).
+    cards per model (``api.Context.capacity``; empty = unknown, every shape reaches everything).
     """
 
     REPEATED = True
 
     def __init__(
         self,
-        workload: registry.Workload,
+        workload: api.Workload,
         width: int = MAX_CARDS,
         capacity: tuple[tuple[str, int], ...] = (),
     ) -> None:
@@ -100,7 +100,7 @@ class RepeatedFragmentation(fragmentation.Fragmentation):
         self._width = width
         self._tables: list[list[int]] = []
 
-    def _prepare(self, workload: registry.Workload, capacity: tuple[tuple[str, int], ...]) -> None:
+    def _prepare(self, workload: api.Workload, capacity: tuple[tuple[str, int], ...]) -> None:
         """Each shape's reach, demand-relative pressure and scarcity (the inputs of ``model_weights``).
 
         ``a_s = p_s / r_s`` (``r_s``: the share of the cluster's cards shape s can use) is how many
@@ -229,14 +229,15 @@ class Lookahead(fragmentation.FGD):
     name = "fgd-lookahead"
 
     def measure_for(
-        self, workload: registry.Workload, capacity: tuple[tuple[str, int], ...] = ()
+        self, workload: api.Workload, capacity: tuple[tuple[str, int], ...] = ()
     ) -> fragmentation.Fragmentation:
         """The model-aware repeated-task measure over the per-class top shapes of the histogram."""
         return RepeatedFragmentation(top_by_type(workload), capacity=capacity)
 
 
-def _build(args: Mapping[str, float]) -> registry.Policy:
+def _build(args: Mapping[str, float]) -> api.Policy:
     return Lookahead()
 
 
-registry.register("fgd-lookahead", _build)
+FACTORIES: Mapping[str, api.PolicyFactory] = {"fgd-lookahead": _build}
+"""The policies this module defines, by registry name (``framework.registry`` collects them)."""

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpuslice.model import devices, nodes, requests
-from gpuslice.policy import columns, registry, shares
+from gpuslice.policy import api, columns, shares
 
 MAX_SPEC_CPU = 128000
 """CPU normalizer (millicores of the largest node)."""
@@ -88,12 +88,17 @@ def _row_demand(node: columns.IntArray, pod: requests.PodRequest) -> _RowDemand:
 class _BestCards:
     """The default GPU rule ("best"), shared by DotProd, GpuClustering, GpuPacking and BestFit."""
 
+    idle_only = False
+    """Declared: no card filter beyond the fit (``api.Policy``)."""
+    learns_workload = False
+    """Declared: scores without the learned workload (``api.Policy``)."""
+
     def choose_cards(
         self,
         state: nodes.NodeState,
         request: requests.ContainerRequest,
         eligible: tuple[int, ...],
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> tuple[int, ...] | None:
         """Least free fitting card for a sharing request, lowest-numbered free cards otherwise."""
         share = shares.request_share(request, shares.card_memory(state))
@@ -105,28 +110,28 @@ class RandomPolicy:
     """Random: one feasible node drawn uniformly scores 100, the others 0 (a batch step)."""
 
     name = "random"
+    idle_only = False
+    learns_workload = False
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
         """Every node scores 0 before the batch step."""
-        return registry.Scored(0)
+        return api.Scored(0)
 
     def score_columns(
         self,
         cols: columns.NodeColumns,
         rows: columns.IntArray,
         pod: requests.PodRequest,
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> columns.IntArray:
         """``score_node`` for many rows: 0 (nothing is drawn; see the module docstring)."""
         return np.zeros(len(rows), np.int64)
 
-    def normalize(self, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:
+    def normalize(self, scores: np.ndarray, ctx: api.Context) -> np.ndarray:
         """Give 100 to one uniformly drawn candidate (the first without a random source)."""
         out = np.zeros_like(scores)
         if len(out):
-            out[int(ctx.rng.integers(len(out))) if ctx.rng is not None else 0] = registry.MAX_SCORE
+            out[int(ctx.rng.integers(len(out))) if ctx.rng is not None else 0] = api.MAX_SCORE
         return out
 
     def choose_cards(
@@ -134,7 +139,7 @@ class RandomPolicy:
         state: nodes.NodeState,
         request: requests.ContainerRequest,
         eligible: tuple[int, ...],
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> tuple[int, ...] | None:
         """A sharing request gets a uniformly random eligible card; whole cards the lowest-numbered."""
         order = sorted(eligible)
@@ -151,22 +156,20 @@ class DotProd(_BestCards):
 
     name = "dotprod"
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
         """Smallest dot product of free resources and demand wins."""
         free, d = _view(state, pod)
         dot = (state.cpu_free_milli / MAX_SPEC_CPU) * (d.cpu_milli / MAX_SPEC_CPU) + (
             sum(free) / MAX_SPEC_GPU
         ) * (d.gpu_milli / MAX_SPEC_GPU)
-        return registry.Scored(int(100 * (1 - dot / 2)))
+        return api.Scored(int(100 * (1 - dot / 2)))
 
     def score_columns(
         self,
         cols: columns.NodeColumns,
         rows: columns.IntArray,
         pod: requests.PodRequest,
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> columns.IntArray:
         """``score_node`` for many rows (the same float operations in the same order)."""
         node = cols.nodes[rows]
@@ -183,22 +186,20 @@ class GpuClustering(_BestCards):
 
     name = "clustering"
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
         """B + 75 (only this tag), + 50 (this tag among others), + 25 (no GPU pods), + 0 (others)."""
         free, d = _view(state, pod)
         if d.gpus == 0:
-            return registry.Scored(0)
+            return api.Scored(0)
         b = 25 * (MAX_SPEC_GPU - sum(free)) // MAX_SPEC_GPU
-        return registry.Scored(b + _cluster_bonus(shares.node_tags(state), d.tag))
+        return api.Scored(b + _cluster_bonus(shares.node_tags(state), d.tag))
 
     def score_columns(
         self,
         cols: columns.NodeColumns,
         rows: columns.IntArray,
         pod: requests.PodRequest,
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> columns.IntArray:
         """``score_node`` for many rows (tags from ``columns``' per-row tag set)."""
         node = cols.nodes[rows]
@@ -249,19 +250,17 @@ class GpuPacking(_BestCards):
 
     name = "packing"
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
         """Score by how used the cards the pod would take are."""
         free, d = _view(state, pod)
-        return registry.Scored(packing_score(free, d))
+        return api.Scored(packing_score(free, d))
 
     def score_columns(
         self,
         cols: columns.NodeColumns,
         rows: columns.IntArray,
         pod: requests.PodRequest,
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> columns.IntArray:
         """``packing_score`` for many rows (padding cards are left out as ``free`` leaves them)."""
         node = cols.nodes[rows]
@@ -293,23 +292,21 @@ class BestFit(_BestCards):
 
     name = "bestfit"
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
         """Raw score ``int((1 - s) * 100)`` with s the mean normalized leftover."""
         free, d = _view(state, pod)
         s = (
             0.5 * (state.cpu_free_milli - d.cpu_milli) / MAX_SPEC_CPU
             + 0.5 * (sum(free) - d.gpu_milli) / MAX_SPEC_GPU
         )
-        return registry.Scored(int((1 - s) * 100))
+        return api.Scored(int((1 - s) * 100))
 
     def score_columns(
         self,
         cols: columns.NodeColumns,
         rows: columns.IntArray,
         pod: requests.PodRequest,
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> columns.IntArray:
         """Raw ``score_node`` for many rows (same float operations and order); ``normalize`` is separate."""
         node = cols.nodes[rows]
@@ -321,7 +318,7 @@ class BestFit(_BestCards):
         )
         return _trunc((1 - s) * 100)
 
-    def normalize(self, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:
+    def normalize(self, scores: np.ndarray, ctx: api.Context) -> np.ndarray:
         """``(raw - lo) * 100 // (hi - lo)`` over the candidates, 0 when all are equal.
 
         Raw scores lie in 0..100, so hi - lo <= 100 and the step keeps the order strictly.
@@ -331,7 +328,7 @@ class BestFit(_BestCards):
         lo, hi = int(scores.min()), int(scores.max())
         if hi == lo:
             return np.zeros_like(scores)
-        out: np.ndarray = (scores - lo) * registry.MAX_SCORE // (hi - lo)
+        out: np.ndarray = (scores - lo) * api.MAX_SCORE // (hi - lo)
         return out
 
 
@@ -341,12 +338,14 @@ def _trunc(x: columns.FloatArray) -> columns.IntArray:
     return out
 
 
-def _factory(cls: type[registry.Policy]) -> registry.PolicyFactory:
-    def build(args: Mapping[str, float]) -> registry.Policy:
+def _factory(cls: type[api.Policy]) -> api.PolicyFactory:
+    def build(args: Mapping[str, float]) -> api.Policy:
         return cls()
 
     return build
 
 
-for _cls in (RandomPolicy, DotProd, GpuClustering, GpuPacking, BestFit):
-    registry.register(_cls.name, _factory(_cls))
+FACTORIES: Mapping[str, api.PolicyFactory] = {
+    c.name: _factory(c) for c in (RandomPolicy, DotProd, GpuClustering, GpuPacking, BestFit)
+}
+"""The policies this module defines, by registry name (``framework.registry`` collects them)."""

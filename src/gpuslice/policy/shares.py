@@ -14,10 +14,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
-
 from gpuslice.model import devices, nodes, requests
-from gpuslice.policy import registry
+from gpuslice.policy import api
 
 FULL = 1000
 """Milli-GPU of one whole card."""
@@ -90,9 +88,9 @@ def demand(pod: requests.PodRequest, card_memory_mib: int = 0) -> Demand:
     return Demand(pod.cpu_milli, share if count else 0, count, pod.selectors.use_types)
 
 
-def shape_of(d: Demand) -> registry.Shape:
+def shape_of(d: Demand) -> api.Shape:
     """The target-workload shape of a demand."""
-    return registry.Shape(cpu_milli=d.cpu_milli, share_milli=d.share_milli, count=d.gpus, types=d.types)
+    return api.Shape(cpu_milli=d.cpu_milli, share_milli=d.share_milli, count=d.gpus, types=d.types)
 
 
 def card_free_milli(state: nodes.NodeState, i: int) -> int:
@@ -195,55 +193,3 @@ def best_cards(free: tuple[int, ...], d: Demand, eligible: tuple[int, ...]) -> t
     if d.sharing:
         return tuple(sorted(sorted(order, key=lambda i: (free[i], i))[:n]))
     return tuple(order[:n])
-
-
-def normalize(policy: registry.Policy, scores: np.ndarray, ctx: registry.Context) -> np.ndarray:
-    """Apply a policy's batch step over the scores of all candidate nodes, if it has one.
-
-    Some policies are defined relative to the candidates (BestFit's min-max normalization, Random's
-    single winner). They expose ``normalize(scores, ctx)``; the simulator calls it over the feasible
-    nodes and the extender over the nodes kube-scheduler sent in one request.
-    """
-    step = getattr(policy, "normalize", None)
-    if step is None:
-        return scores
-    out: np.ndarray = step(scores, ctx)
-    return out
-
-
-class PodBound:
-    """A policy bound to one pod, so that its card choice can see the whole pod.
-
-    ``fit.place`` asks ``choose_cards(state, request, eligible, ctx)``; a policy whose card rule
-    needs the pod (FGD weighs the fragmentation after the pod's host CPU is taken as well) offers
-    ``choose_cards_for_pod(state, pod, request, eligible, ctx)``, which this adapter calls.
-    """
-
-    def __init__(self, policy: registry.Policy, pod: requests.PodRequest) -> None:
-        self.policy = policy
-        self.pod = pod
-
-    @property
-    def name(self) -> str:
-        """The wrapped policy's name."""
-        return self.policy.name
-
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
-        """Delegates to the wrapped policy."""
-        return self.policy.score_node(state, pod, ctx)
-
-    def choose_cards(
-        self,
-        state: nodes.NodeState,
-        request: requests.ContainerRequest,
-        eligible: tuple[int, ...],
-        ctx: registry.Context,
-    ) -> tuple[int, ...] | None:
-        """The wrapped policy's pod-aware card rule when it has one, else its plain rule."""
-        hook = getattr(self.policy, "choose_cards_for_pod", None)
-        if hook is not None:
-            got: tuple[int, ...] | None = hook(state, self.pod, request, eligible, ctx)
-            return got
-        return self.policy.choose_cards(state, request, eligible, ctx)

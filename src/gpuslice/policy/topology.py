@@ -50,7 +50,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from gpuslice.model import nodes, requests
-from gpuslice.policy import cardsets, columns, fit, linktables, registry, vectorfit
+from gpuslice.policy import api, cardsets, columns, fit, linktables, vectorfit
 
 NEUTRAL = linktables.NEUTRAL
 _BONUS_UNIT = 50
@@ -68,6 +68,11 @@ def weights(state: nodes.NodeState) -> cardsets.Weights:
 class TopologyAware:
     """Connectivity-maximising card choice and topology node score (module docstring)."""
 
+    idle_only = False
+    """Declared: no card filter beyond the fit (``api.Policy``)."""
+    learns_workload = False
+    """Declared: scores without the learned workload (``api.Policy``)."""
+
     def __init__(self, strategy: cardsets.Strategy, args: Mapping[str, float]) -> None:
         """Validate the (empty) args."""
         if args:
@@ -81,7 +86,7 @@ class TopologyAware:
         state: nodes.NodeState,
         request: requests.ContainerRequest,
         eligible: tuple[int, ...],
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> tuple[int, ...] | None:
         """The best-connected ``request.count`` eligible cards for the strategy."""
         bonus = None
@@ -93,32 +98,30 @@ class TopologyAware:
             )
         return cardsets.best(weights(state), eligible, request.count, self.strategy, bonus)
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
         """How well connected the pod's cards would be here (0..100)."""
         placed = fit.place(state, pod, self, ctx)
         if placed.allocation is None:
-            return registry.Scored(0)
+            return api.Scored(0)
         biggest = max(placed.allocation.containers, key=len, default=())
         index = {d.uuid: i for i, d in enumerate(state.inventory.devices)}
         chosen = tuple(sorted(index[g.uuid] for g in biggest))
         numa = tuple(state.inventory.devices[i].numa for i in chosen)
-        return registry.Scored(_set_score(linktables.of(state.inventory), chosen, numa))
+        return api.Scored(_set_score(linktables.of(state.inventory), chosen, numa))
 
     def score_columns(
         self,
         cols: columns.NodeColumns,
         rows: columns.IntArray,
         pod: requests.PodRequest,
-        ctx: registry.Context = registry.EMPTY_CONTEXT,
+        ctx: api.Context = api.EMPTY_CONTEXT,
     ) -> columns.IntArray:
         """``score_node`` for many feasible rows of a pod ``vectorfit`` can judge (module docstring)."""
         req = vectorfit.request_of(pod, None)
         if req is None:
             raise ValueError("score_columns needs a pod with one GPU container (see vectorfit.request_of)")
         k = req.count
-        out = np.full(len(rows), registry.MAX_SCORE, np.int64)
+        out = np.full(len(rows), api.MAX_SCORE, np.int64)
         if k <= 1 or len(rows) == 0:
             return out  # one card: numa = pcie = p2p = 100 wherever the pod fits
         ok = vectorfit.eligible_cards(cols, rows, pod, req)
@@ -312,7 +315,7 @@ def set_score(state: nodes.NodeState, chosen: tuple[int, ...]) -> int:
 
 def _set_score(tables: linktables.LinkTables, chosen: tuple[int, ...], numa: tuple[int, ...]) -> int:
     if not chosen:
-        return registry.MAX_SCORE
+        return api.MAX_SCORE
     per_numa: dict[int, int] = {}
     for x in numa:
         per_numa[x] = per_numa.get(x, 0) + 1
@@ -332,10 +335,12 @@ def _set_score(tables: linktables.LinkTables, chosen: tuple[int, ...], numa: tup
     return (50 * numa_score + 30 * pcie + 20 * p2p) // 100
 
 
-def _factory(strategy: cardsets.Strategy) -> registry.PolicyFactory:
+def _factory(strategy: cardsets.Strategy) -> api.PolicyFactory:
     return lambda args: TopologyAware(strategy, args)
 
 
-registry.register("topology-aware", _factory(cardsets.Strategy.HIGHEST_BANDWIDTH))
-for _s in cardsets.Strategy:
-    registry.register(f"topology-aware:{_s.value}", _factory(_s))
+FACTORIES: Mapping[str, api.PolicyFactory] = {
+    "topology-aware": _factory(cardsets.Strategy.HIGHEST_BANDWIDTH),
+    **{f"topology-aware:{s.value}": _factory(s) for s in cardsets.Strategy},
+}
+"""The policies this module defines, by registry name (``framework.registry`` collects them)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from gpuslice.model import nodes, requests
-from gpuslice.policy import columns, fit, registry
+from gpuslice.policy import api, columns, fit
 
 _NCARDS, _FIRST_MEM, _SUM_TOTAL_MEM, _SUM_USED_MEM, _SUM_TOTAL_CORES, _SUM_USED_CORES = (
     columns.ROW_FIELDS.index(f)
@@ -65,7 +65,7 @@ def node_usage_score(state: nodes.NodeState, pod: requests.PodRequest, wm: float
     used_cores = sum(u.cores for u in state.usage)
     pod_mem, pod_cores = fit.demand(pod, devs[0].memory_mib)
     u = wm * _ratio(used_mem + pod_mem, total_mem) + wc * _ratio(used_cores + pod_cores, total_cores)
-    return min(registry.MAX_SCORE, math.floor(registry.MAX_SCORE * u + 0.5))
+    return min(api.MAX_SCORE, math.floor(api.MAX_SCORE * u + 0.5))
 
 
 def hami_card_key(
@@ -141,6 +141,6 @@ def node_usage_scores(
         r_mem = np.where(tm > 0, np.minimum(1.0, (um + dm) / np.where(tm > 0, tm, 1)), 0.0)
         r_cores = np.where(tc > 0, np.minimum(1.0, (uc + dc) / np.where(tc > 0, tc, 1)), 0.0)
     u = wm * r_mem + wc * r_cores
-    out = np.minimum(registry.MAX_SCORE, np.floor(registry.MAX_SCORE * u + 0.5)).astype(np.int64)
+    out = np.minimum(api.MAX_SCORE, np.floor(api.MAX_SCORE * u + 0.5)).astype(np.int64)
     out[node[:, _NCARDS] == 0] = 0
     return out

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgspec
 
 from gpuslice.model import allocations, nodes, requests
-from gpuslice.policy import fit, registry
+from gpuslice.policy import api, fit
 
 PREEMPT_NEVER = "Never"
 """``spec.preemptionPolicy`` of a pod that must not preempt others."""
@@ -216,8 +216,8 @@ def select_on_node(
     residents: Iterable[Resident],
     pod: requests.PodRequest,
     priority: int,
-    card_policy: registry.Policy,
-    ctx: registry.Context = registry.EMPTY_CONTEXT,
+    card_policy: api.CardChooser,
+    ctx: api.Context = api.EMPTY_CONTEXT,
     budgets: Iterable[Budget] = (),
 ) -> Candidate | None:
     """The victims on one node (see the module docstring), or None when evicting cannot help.

@@ -23,9 +23,8 @@ from rich.progress import (  # noqa: E402
     TimeElapsedColumn,
 )
 
-from gpuslice.cache import shapes  # noqa: E402
+from gpuslice.framework import registry  # noqa: E402
 from gpuslice.model import config as model_config  # noqa: E402
-from gpuslice.policy import registry  # noqa: E402
 from gpuslice.sim import experiment, loadscale, replay, report, trace  # noqa: E402
 
 
@@ -125,7 +124,7 @@ def workload_settings(args: argparse.Namespace) -> model_config.WorkloadSettings
     given = {
         s: getattr(args, s) for s in model_config.WORKLOAD_SETTINGS if getattr(args, s, None) is not None
     }
-    return shapes.check(model_config.workload_settings(given))
+    return registry.checked(model_config.workload_settings(given))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ Scores are pure functions of a node's state, the pod's shape and the policy cont
 caches them per (cpu, d, n, types) and rescores only the nodes whose version changed since that shape
 was last scored there; a new target workload in the context (``Scorer.set_context``) drops them all.
 When many nodes are stale (a shape not seen for a while, a new workload) and the policy scores
-columns (``batch.ColumnScorer``, identical to ``score_node`` by contract, as the extender's filter
+columns (``api.BatchScorer``, identical to ``score_node`` by contract, as the extender's filter
 relies on), they are scored in one numpy pass over a ``columns.NodeColumns`` mirror of the cluster
 (``LiveColumns``) instead of node by node.
 Host memory enters the pre-filter only: no simulated policy scores by it.
@@ -22,8 +22,9 @@ own filters (host CPU and memory) leave it a node, so a pod that no node can hos
 The policies get the histogram's snapshot (``ShapeHistogram.workload``), which changes only when the
 live weights drift far enough, so cached scores survive between snapshots. While the histogram is
 untrusted (fewer than ``min_count`` requests), a policy that learns the workload
-(``registry.learns_workload``) is replaced, for node scores and card choice, by the settings'
-``fallback`` policy, as the extender's ``scheduling.Policies`` does (``pod``: kept, with no workload).
+(``api.Policy.learns_workload``) is replaced, for node scores and card choice, by the settings'
+``fallback`` policy, as the extender's ``profile.Profile`` does (``pod``: kept, with no workload).
+The cards come from the pod's ``cycle.Cycle``, as in the extender.
 
 With a ``lockwindow.LockModel`` the pods arrive in bursts on a clock and each GPU placement holds
 its node's HAMi lock for a window; the choice then goes through the extender's lock-aware rule
@@ -39,9 +40,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from gpuslice.cache import shapes
+from gpuslice.framework import cycle as cycles
+from gpuslice.framework import profile as profiles
+from gpuslice.framework import registry
 from gpuslice.model import allocations, nodes
 from gpuslice.model import config as model_config
-from gpuslice.policy import columns, fit, registry, shares, vectorfit
+from gpuslice.policy import api, columns, shares, vectorfit
 from gpuslice.sim import cluster, lockwindow, trace
 
 ShapeKey = tuple[int, int, int, tuple[str, ...]]
@@ -54,6 +58,10 @@ the same scores; tests turn this off to exercise the column pass whatever it cos
 PROBE_EVERY = 256
 """While node by node is cheaper, one eligible rescoring in this many still takes the column pass,
 so the cost estimate follows the cluster (node-by-node is re-measured whenever it runs)."""
+
+
+_NO_STATES: dict[str, nodes.NodeState] = {}
+"""The nodes a placement cycle reads by name: none (the simulator hands it the node to place on)."""
 
 
 class PlacementMismatchError(RuntimeError):
@@ -123,24 +131,25 @@ class Scorer:
 
     def __init__(
         self,
-        policy: registry.Policy,
-        ctx: registry.Context,
+        policy: api.Policy,
+        ctx: api.Context,
         live: cluster.Cluster,
         mirror: LiveColumns | None = None,
     ) -> None:
-        self.policy = policy
+        plugin = api.Plugin.of(policy)
+        self.policy = plugin
         self.ctx = ctx
         self.live = live
         self._cache: dict[ShapeKey, _Entry] = {}
         self._mirror = mirror
-        self._score_columns = getattr(policy, "score_columns", None)  # batch.ColumnScorer
+        self._score_columns = None if plugin.batch is None else plugin.batch.score_columns
         self._cpu_columns = True  # until the column scorer refuses a CPU-only pod
         self._node_cost = 0.0  # seconds per node, node by node (moving average; 0: not measured)
         self._col_cost = 0.0  # seconds per node, column pass with the mirror's upkeep (likewise)
         self._probes = 0
         self.calls = 0
 
-    def set_context(self, ctx: registry.Context) -> None:
+    def set_context(self, ctx: api.Context) -> None:
         """Score with ``ctx`` from now on; a different target workload invalidates every cached score."""
         if ctx.workload is not self.ctx.workload and ctx.workload != self.ctx.workload:
             self._cache.clear()
@@ -172,7 +181,7 @@ class Scorer:
                 self._node_cost = _ema(self._node_cost, (time.perf_counter() - start) / len(stale))
             entry.seen[stale] = version[stale]
             self.calls += len(stale)
-        stepped: np.ndarray = shares.normalize(self.policy, entry.score[cand], self.ctx)
+        stepped: np.ndarray = self.policy.normalize(entry.score[cand], self.ctx)
         return stepped
 
     @property
@@ -236,27 +245,28 @@ class Placer:
     def __init__(
         self,
         live: cluster.Cluster,
-        policy: registry.Policy,
-        ctx: registry.Context,
+        policy: api.Policy,
+        ctx: api.Context,
         histogram: shapes.ShapeHistogram | None = None,
         locks: lockwindow.NodeLocks | None = None,
     ) -> None:
         self.live = live
         self.locks = locks
-        self.policy = policy
+        self.policy = api.Plugin.of(policy)
         self.ctx = ctx
         self.histogram = histogram
-        self.fallback: registry.Policy | None = None
+        self.fallback: api.Plugin | None = None
         self.fallback_pods = 0
         """GPU pods placed by the fallback policy (online, while the histogram was untrusted)."""
         if histogram is not None:
             self.ctx = ctx = dataclasses.replace(ctx, workload=histogram.workload())
             name = histogram.settings.fallback
-            if registry.learns_workload(policy) and name != model_config.WORKLOAD_FALLBACK_POD:
+            if self.policy.learns_workload and name != model_config.WORKLOAD_FALLBACK_POD:
                 self.fallback = registry.get(name)
-        scoring = [p for p in (policy, self.fallback) if p is not None]
-        mirror = LiveColumns(live) if any(hasattr(p, "score_columns") for p in scoring) else None
-        self.scorer = Scorer(policy, ctx, live, mirror)
+        scoring = [p for p in (self.policy, self.fallback) if p is not None]
+        mirror = LiveColumns(live) if any(p.batch is not None for p in scoring) else None
+        self.profile = profiles.Profile.of_plugins(self.policy, self.fallback)
+        self.scorer = Scorer(self.policy, ctx, live, mirror)
         self._fallback_scorer = None if self.fallback is None else Scorer(self.fallback, ctx, live, mirror)
 
     def observe(self, pod: trace.TracePod) -> None:
@@ -269,7 +279,7 @@ class Placer:
         if histogram is None:
             return
         if pod.count <= 0:
-            self._take(histogram, registry.Shape(cpu_milli=pod.cpu_milli, share_milli=0, count=0))
+            self._take(histogram, api.Shape(cpu_milli=pod.cpu_milli, share_milli=0, count=0))
             return
         live = self.live
         host = np.flatnonzero((live.cpu_free >= pod.cpu_milli) & (live.mem_free >= pod.memory_mib))
@@ -278,7 +288,7 @@ class Placer:
         card_memory = shares.card_memory(live.states[int(host[0])])
         self._take(histogram, shares.shape_of(shares.demand(pod.request, card_memory)))
 
-    def _take(self, histogram: shapes.ShapeHistogram, shape: registry.Shape) -> None:
+    def _take(self, histogram: shapes.ShapeHistogram, shape: api.Shape) -> None:
         """Observe one shape; a new snapshot becomes the context's workload."""
         histogram.observe(shape)
         workload = histogram.workload()
@@ -292,7 +302,7 @@ class Placer:
         fb = self._fallback_scorer
         return self.scorer.calls + (0 if fb is None else fb.calls)
 
-    def current(self) -> tuple[registry.Policy, Scorer]:
+    def current(self) -> tuple[api.Plugin, Scorer]:
         """The policy placing the next pod and its scorer: the fallback while the workload is untrusted."""
         if self._fallback_scorer is not None and self.ctx.workload is None:
             return self._fallback_scorer.policy, self._fallback_scorer
@@ -315,7 +325,7 @@ class Placer:
             k, moved = locks.choose(scorer.stepped(pod, cand), cand)
             j = int(cand[k])
         state = self.live.states[j]
-        placed = fit.place(state, pod.request, shares.PodBound(policy, pod.request), self.ctx)
+        placed = cycles.Cycle.detached(self.profile, pod.request, self.ctx, _NO_STATES).place(state)
         if placed.allocation is None:
             raise PlacementMismatchError(f"pod {pod.name} on {state.name}: {placed.status.reasons}")
         self.live.commit(j, placed.allocation, shares.demand(pod.request).tag)
@@ -357,8 +367,8 @@ def run(
     inventories: Sequence[nodes.NodeInventory],
     pods: Sequence[trace.TracePod],
     seq: np.ndarray,
-    policy: registry.Policy,
-    ctx: registry.Context,
+    policy: api.Policy,
+    ctx: api.Context,
     histogram: shapes.ShapeHistogram | None = None,
     lock: lockwindow.LockModel | None = None,
 ) -> Outcome:

@@ -14,8 +14,9 @@ import msgspec
 import numpy as np
 
 from gpuslice.cache import shapes
+from gpuslice.framework import registry
 from gpuslice.model import config as model_config
-from gpuslice.policy import registry
+from gpuslice.policy import api
 from gpuslice.sim import engine, lockwindow, metrics, trace, workload
 
 J = TypeVar("J")
@@ -129,11 +130,11 @@ def run_job(job: Job) -> Result:
     policy = registry.get(job.policy)
     if job.workload not in WORKLOADS:
         raise ValueError(f"unknown workload {job.workload!r}; known: {', '.join(WORKLOADS)}")
-    histogram = shapes.ShapeHistogram(shapes.check(job.settings)) if job.workload == "online" else None
-    ctx = registry.Context(
+    histogram = shapes.ShapeHistogram(registry.checked(job.settings)) if job.workload == "online" else None
+    ctx = api.Context(
         workload=None if histogram is not None else target,
         rng=np.random.default_rng([job.seed, 1]),
-        capacity=registry.model_capacity(d.type for inv in inventories for d in inv.devices),
+        capacity=api.model_capacity(d.type for inv in inventories for d in inv.devices),
     )
     start = time.perf_counter()
     out = engine.run(ranked, w, arr.seq, policy, ctx, histogram, job.lock)

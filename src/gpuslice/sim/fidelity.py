@@ -37,9 +37,10 @@ import numpy as np
 
 from gpuslice.cache import shapes
 from gpuslice.codec import keys
+from gpuslice.framework import registry
 from gpuslice.model import config as model_config
 from gpuslice.model import devices, nodes
-from gpuslice.policy import registry
+from gpuslice.policy import api
 from gpuslice.sim import cluster, engine, trace, workload
 
 SCHEDULER_NAME = "gpuslice-scheduler"
@@ -264,9 +265,9 @@ def simulate(sl: Slice, policy: str, workload_mode: str = "online") -> Run:
     histogram = shapes.ShapeHistogram() if workload_mode == "online" else None
     if workload_mode not in ("online", "oracle"):
         raise ValueError(f"unknown workload mode {workload_mode!r}")
-    ctx = registry.Context(
+    ctx = api.Context(
         workload=None if histogram is not None else workload.histogram(sl.pods),
-        capacity=registry.model_capacity(d.type for inv in sl.nodes for d in inv.devices),
+        capacity=api.model_capacity(d.type for inv in sl.nodes for d in inv.devices),
     )
     placer = engine.Placer(live, registry.get(policy), ctx, histogram)
     index = [{d.uuid: d.index for d in inv.devices} for inv in sl.nodes]

@@ -46,9 +46,10 @@ import msgspec
 import numpy as np
 
 from gpuslice.cache import shapes
+from gpuslice.framework import registry
 from gpuslice.model import allocations, nodes
 from gpuslice.model import config as model_config
-from gpuslice.policy import registry
+from gpuslice.policy import api
 from gpuslice.sim import cluster, engine, experiment, loadscale, trace, workload
 
 QUEUE_LIMIT = 1000
@@ -285,8 +286,8 @@ def run(
     inventories: Sequence[nodes.NodeInventory],
     pods: Sequence[trace.TracePod],
     schedule: loadscale.Schedule,
-    policy: registry.Policy,
-    ctx: registry.Context,
+    policy: api.Policy,
+    ctx: api.Context,
     histogram: shapes.ShapeHistogram | None = None,
     queue_limit: int = QUEUE_LIMIT,
     samples: int = SAMPLES,
@@ -417,11 +418,11 @@ def run_job(job: ReplayJob) -> ReplayResult:
     ranked = [inventories[i] for i in np.argsort(rank, kind="stable").tolist()]
     capacity = sum(len(inv.devices) for inv in inventories) * trace.FULL
     schedule = loadscale.build(pop, capacity, job.load, job.seed, job.passes)
-    histogram = shapes.ShapeHistogram(shapes.check(job.settings)) if job.workload == "online" else None
-    ctx = registry.Context(
+    histogram = shapes.ShapeHistogram(registry.checked(job.settings)) if job.workload == "online" else None
+    ctx = api.Context(
         workload=None if histogram is not None else workload.histogram(pods),
         rng=np.random.default_rng([job.seed, 1]),
-        capacity=registry.model_capacity(d.type for inv in ranked for d in inv.devices),
+        capacity=api.model_capacity(d.type for inv in ranked for d in inv.devices),
     )
     t0 = time.perf_counter()
     figures = run(ranked, pods, schedule, registry.get(job.policy), ctx, histogram)

@@ -7,11 +7,12 @@ policies saw. Each policy gets its own copy of the cluster:
 
 * the live policy's copy applies the recorded live allocations as given;
 * each shadow policy's copy places the same pods in the same order itself, with the extender's
-  own code path: ``batch.evaluate`` over the pod's candidate nodes, the policy's candidate step
-  (``shares.normalize``), ``batch.first_placed`` (``batch.best_first``: higher score, then lower
-  name; ``fit.place`` with the policy as card policy: a node whose cards it refuses gives way to
-  the next), the pod's policy annotations ignored, ``fallback`` standing in for a learning policy
-  while the recorded workload is untrusted (``registry.acting``). A pod it cannot place is
+  own code path, the pod's ``cycle.Cycle``: its evaluation over the pod's candidate nodes, the
+  policy's candidate step (``Cycle.stepped``) and ``Cycle.first_placed`` (``batch.best_first``:
+  higher score, then lower name; ``fit.place`` with the policy as card policy: a node whose
+  cards it refuses gives way to the next), the pod's policy annotations ignored, ``fallback``
+  standing in for a learning policy while the recorded workload is untrusted
+  (``profile.Profile``). A pod it cannot place is
   dropped (it never runs in that copy); a departing pod frees what it holds in each copy.
 
 The states are plain ``NodeState``s with their column mirror (``columns.ColumnsBuilder``), as the
@@ -44,9 +45,12 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from gpuslice.framework import cycle as cycles
+from gpuslice.framework import profile as profiles
+from gpuslice.framework import registry
 from gpuslice.model import allocations, nodes, requests
 from gpuslice.model import config as model_config
-from gpuslice.policy import batch, columns, decisions, fragmentation, registry, shares
+from gpuslice.policy import api, columns, decisions, fragmentation, shares
 
 DECISIONS_PATH = "/shadow/decisions"
 """The extender's route serving the record (a URL without a path gets it appended)."""
@@ -214,25 +218,24 @@ def _place(
     copy: _Copy,
     pod: requests.PodRequest,
     names: Sequence[str],
-    policy: registry.Policy,
-    ctx: registry.Context,
+    profile: profiles.Profile,
+    ctx: api.Context,
 ) -> allocations.PodAllocation | None:
-    """Where ``policy`` puts ``pod`` among ``names`` on ``copy`` (the extender's filter and choice)."""
-    card_policy = shares.PodBound(policy, pod)
-    ev = batch.evaluate(copy.states, copy.columns, names, pod, policy, card_policy, ctx)
+    """Where ``profile`` puts ``pod`` among ``names`` on ``copy`` (the extender's filter and choice)."""
+    cyc = cycles.Cycle.detached(profile, pod, ctx, copy.states, copy.columns)
+    ev = cyc.evaluate(names)
     idx = np.flatnonzero(ev.feasible).tolist()
     if not idx:
         return None
     feasible = [ev.names[i] for i in idx]
-    stepped = shares.normalize(policy, ev.scores[idx], ctx)
-    won = batch.first_placed(copy.states, feasible, stepped, pod, card_policy, ctx)
+    won = cyc.first_placed(feasible, cyc.stepped(ev.scores[idx]))
     return None if won is None else won[1]
 
 
 def _measure(records: Sequence[decisions.Record]) -> fragmentation.Fragmentation | None:
     """FGD's measure against every recorded pod's shape, equally weighted (None without pods)."""
     card_memory = 0
-    counts: dict[registry.Shape, int] = {}
+    counts: dict[api.Shape, int] = {}
     for r in records:
         if isinstance(r, decisions.Start) and r.nodes and not card_memory:
             card_memory = next((shares.card_memory(s) for s in r.nodes if s.inventory.devices), 0)
@@ -242,7 +245,7 @@ def _measure(records: Sequence[decisions.Record]) -> fragmentation.Fragmentation
     if not counts:
         return None
     total = sum(counts.values())
-    workload = registry.Workload(tuple(counts), tuple(n / total for n in counts.values()))
+    workload = api.Workload(tuple(counts), tuple(n / total for n in counts.values()))
     return fragmentation.FGD().measure_for(workload)
 
 
@@ -274,17 +277,17 @@ def replay(records: Sequence[decisions.Record], only: Sequence[str] = ()) -> Rep
     first = starts[0]
     names = list(only) or list(dict.fromkeys(n for s in starts for n in s.shadow_policies))
     try:
-        policies = {n: registry.get(n) for n in names}
         fallback = None
         if first.fallback != model_config.WORKLOAD_FALLBACK_POD:
             fallback = registry.get(first.fallback)
-    except registry.UnknownPolicyError as err:
+        policies = {n: profiles.Profile.of_plugins(registry.get(n), fallback) for n in names}
+    except api.UnknownPolicyError as err:
         raise ReportError(str(err)) from None
     live = Result(first.node_policy, live=True)
     results = [live] + [Result(n, live=False) for n in names]
     copies: dict[str, _Copy] = {}
     online: dict[str, list[int]] = {n: [0, 0, 0] for n in names}  # decisions, node, cards
-    workload: registry.Workload | None = None
+    workload: api.Workload | None = None
     capacity: tuple[tuple[str, int], ...] = ()
     pods: list[tuple[str, str]] = []
     departures = restarts = 0
@@ -292,7 +295,7 @@ def replay(records: Sequence[decisions.Record], only: Sequence[str] = ()) -> Rep
         if isinstance(record, decisions.Start):
             restarts += record is not first
             copies = {r.policy if not r.live else LIVE: _Copy(record.nodes) for r in results}
-            capacity = registry.model_capacity(d.type for s in record.nodes for d in s.inventory.devices)
+            capacity = api.model_capacity(d.type for s in record.nodes for d in s.inventory.devices)
             workload = None
         elif isinstance(record, decisions.Workload):
             workload = record.workload
@@ -302,7 +305,7 @@ def replay(records: Sequence[decisions.Record], only: Sequence[str] = ()) -> Rep
                 copy.depart(record.uid)
         elif copies:
             pods.append((record.key, record.uid))
-            _decide(record, results, copies, policies, fallback, workload, capacity)
+            _decide(record, results, copies, policies, workload, capacity)
             for choice in record.shadows:
                 tally = online.get(choice.policy)
                 if tally is not None:
@@ -333,16 +336,15 @@ def _decide(
     record: decisions.Decision,
     results: Sequence[Result],
     copies: Mapping[str, _Copy],
-    policies: Mapping[str, registry.Policy],
-    fallback: registry.Policy | None,
-    workload: registry.Workload | None,
+    policies: Mapping[str, profiles.Profile],
+    workload: api.Workload | None,
     capacity: tuple[tuple[str, int], ...],
 ) -> None:
     """One recorded pod in every copy."""
     pod = record.request
     if pod.node_policy or pod.card_policy:
         pod = msgspec.structs.replace(pod, node_policy=None, card_policy=None)
-    ctx = registry.Context(workload=workload, capacity=capacity)
+    ctx = api.Context(workload=workload, capacity=capacity)
     for r in results:
         r.pods += 1
         copy = copies[LIVE if r.live else r.policy]
@@ -351,7 +353,7 @@ def _decide(
             alloc = record.allocation
         else:
             names = record.candidates if record.candidates is not None else copy.names
-            alloc = _place(copy, pod, names, registry.acting(policies[r.policy], fallback, workload), ctx)
+            alloc = _place(copy, pod, names, policies[r.policy], ctx)
         if alloc is None:
             r.unplaced += 1
             r.placements[record.uid or record.key] = ("", ())

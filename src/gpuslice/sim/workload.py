@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpuslice.policy import fragmentation, registry
+from gpuslice.policy import api, fragmentation
 from gpuslice.sim import trace
 
 COVERAGE = fragmentation.COVERAGE
@@ -19,14 +19,14 @@ def sorted_by_name(pods: Sequence[trace.TracePod]) -> list[trace.TracePod]:
     return sorted(pods, key=lambda p: p.name)
 
 
-def shape_counts(pods: Sequence[trace.TracePod]) -> Counter[registry.Shape]:
+def shape_counts(pods: Sequence[trace.TracePod]) -> Counter[api.Shape]:
     """How many pods have each shape (cpu, d, n, types); memory is ignored."""
     return Counter(
-        registry.Shape(cpu_milli=p.cpu_milli, share_milli=p.share, count=p.count, types=p.types) for p in pods
+        api.Shape(cpu_milli=p.cpu_milli, share_milli=p.share, count=p.count, types=p.types) for p in pods
     )
 
 
-def histogram(pods: Sequence[trace.TracePod]) -> registry.Workload:
+def histogram(pods: Sequence[trace.TracePod]) -> api.Workload:
     """All shapes of the pods with their frequencies (most popular first).
 
     This is what a policy gets as ``ctx.workload``; FGD cuts it to its target workload M itself.
@@ -36,10 +36,10 @@ def histogram(pods: Sequence[trace.TracePod]) -> registry.Workload:
     ranked = sorted(
         counts.items(), key=lambda kv: (-kv[1], kv[0].count, kv[0].share_milli, kv[0].cpu_milli, kv[0].types)
     )
-    return registry.Workload(tuple(s for s, _ in ranked), tuple(n / total for _, n in ranked))
+    return api.Workload(tuple(s for s, _ in ranked), tuple(n / total for _, n in ranked))
 
 
-def target_workload(pods: Sequence[trace.TracePod], coverage: float = COVERAGE) -> registry.Workload:
+def target_workload(pods: Sequence[trace.TracePod], coverage: float = COVERAGE) -> api.Workload:
     """FGD's M for these pods: the most popular shapes covering ``coverage`` of pods, renormalized."""
     return fragmentation.top_shapes(histogram(pods), coverage)
 

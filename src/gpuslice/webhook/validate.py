@@ -38,8 +38,9 @@ import msgspec
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, pod_selectors, podspec, quantity, resources
+from gpuslice.framework import registry
 from gpuslice.model import config as model_config
-from gpuslice.policy import chains, registry
+from gpuslice.policy import api
 from gpuslice.webhook import gpupod, review
 
 INVALID = 400
@@ -128,8 +129,8 @@ def policy_problems(annotations: Mapping[str, str]) -> list[str]:
     card = pod_selectors.card_policy(annotations)
     if card is not None:
         try:
-            chains.card_policy(card)
-        except registry.UnknownPolicyError as err:
+            registry.card_policy(card)
+        except api.UnknownPolicyError as err:
             problems.append(f"{keys.GPU_SCHEDULER_POLICY}: {err}")
     return problems
 

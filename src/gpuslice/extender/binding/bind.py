@@ -54,15 +54,16 @@ A crash before the Binding leaves only the node lock, which names a pod nothing 
 recovery loop releases it after the orphan grace (or a retried bind of the pod adopts it). A crash
 after it leaves a bound pod with its devices (without the label if it came before the label
 patch: only HAMi's vGPU monitor misses the pod). The node lock stays held after success: the device
-plugin releases it after ``Allocate``. Every outcome is an ``Outcome`` (a result label for metrics
-and the error text for the wire), never an exception. A repeated bind of a pod already bound to
-the node succeeds.
+plugin releases it after ``Allocate``. Every outcome is an ``Outcome`` (a ``Result``, whose value
+is the metric label, and the error text for the wire), never an exception. A repeated bind of a pod
+already bound to the node succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
@@ -72,15 +73,16 @@ import numpy as np
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import pod_devices, resources
-from gpuslice.extender import metrics, tasks
+from gpuslice.extender import listeners, metrics, tasks
 from gpuslice.extender.binding import binder as binders
 from gpuslice.extender.binding import failpoints, nodelock, requeue
 from gpuslice.extender.http import wire
-from gpuslice.framework import logs, memo, scheduling, view
+from gpuslice.framework import cycle as cycles
+from gpuslice.framework import logs, memo, view
+from gpuslice.framework import profile as profiles
 from gpuslice.kube import claims as kclaims
 from gpuslice.model import allocations, requests, status
 from gpuslice.model import config as model_config
-from gpuslice.policy import fit
 
 QUEUE_MARGIN_S = 1.0
 """Of ``bind_timeout_s``, kept back from the per-node queue for the truth check and the answer."""
@@ -130,7 +132,7 @@ class Truth(Protocol):
 
 
 class Trusting:
-    """A ``Truth`` for a cache that is the only writer (unit tests, benchmarks)."""
+    """A ``Truth`` for a cache that is the only writer (unit tests, benchmarks); never the server's."""
 
     async def settle(self, node: str, resource_version: str) -> None:
         """Nothing to do: no other writer exists."""
@@ -145,28 +147,52 @@ class ClaimSource(Protocol):
         ...
 
 
+class Result(enum.Enum):
+    """How a bind ended, in one word; the value is the ``outcome`` label of ``gpuslice_bind_total``."""
+
+    BOUND = "bound"
+    """Success: bound to the node by this bind."""
+    REPEAT = "repeat"
+    """Success: the pod was bound to the node already (a repeated call, or another writer)."""
+    REJECTED = "rejected"
+    """Refused without a write: the pod or the node cannot take this bind now."""
+    HELD = "held"
+    """Inside the flow only (answered as ``REJECTED``): the pod already holds a reservation."""
+    NO_FIT = "no_fit"
+    """The pod no longer fits the node."""
+    BUSY = "busy"
+    """Binds queued on the node longer than the bind timeout allows."""
+    FAILED = "failed"
+    """An API call failed definitely; nothing was written (or it was undone)."""
+    PENDING = "pending"
+    """Ambiguous: the Binding may have landed; a resolver finishes it in the background."""
+    NOT_LEADER = "not_leader"
+    """This replica does not lead; only the leader binds."""
+    NOT_SYNCED = "not_synced"
+    """The cache did not sync within ``sync_wait_s``."""
+    ERROR = "error"
+    """A surprise (a bug), answered as an internal error."""
+
+
 class Outcome(msgspec.Struct, frozen=True):
     """How a bind ended.
 
     Attributes:
-        result: the metric label: ``bound``, ``repeat`` (success) or ``rejected`` (``held``
-            inside the flow: the pod already holds a reservation), ``no_fit``,
-            ``busy``, ``failed``, ``pending`` (ambiguous, finishing in the background),
-            ``not_leader``, ``not_synced``, ``error``.
+        result: the one-word outcome (its value is the metric label).
         error: what kube-scheduler's ``Error`` says ('' on success).
     """
 
-    result: str
+    result: Result
     error: str = ""
 
     @property
     def ok(self) -> bool:
         """True when the pod is bound to the node."""
-        return self.result in ("bound", "repeat")
+        return self.result is Result.BOUND or self.result is Result.REPEAT
 
 
-BOUND = Outcome("bound")
-REPEAT = Outcome("repeat")
+BOUND = Outcome(Result.BOUND)
+REPEAT = Outcome(Result.REPEAT)
 
 
 async def _acquire(lock: asyncio.Lock, timeout_s: float) -> bool:
@@ -222,26 +248,34 @@ class _Unlabelled:
     timer: asyncio.TimerHandle | None = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class BindFlow:
-    """The bind verb's state: per-pod memos, per-node queues, lock waits, live binds, resolvers."""
+    """The bind verb's state: per-pod memos, per-node queues, lock waits, live binds, resolvers.
+
+    The safety settings (``truth``, ``leading``, ``synced``, ``excluded``, ``lock_owner``) have no
+    defaults: a composition that forgets one fails here, at construction, instead of binding from a
+    partial cache, on a follower or past the truth check.
+    """
 
     cache: view.Cache
     binder: binders.Binder
-    policies: scheduling.Policies
+    policies: profiles.Profile
     request_config: model_config.RequestConfig
     clock: Callable[[], float]
     log: logs.Log
     metrics: metrics.Metrics
     events: Events = dataclasses.field(default_factory=NoEvents)
-    truth: Truth = dataclasses.field(default_factory=Trusting)
-    leading: Callable[[], bool] = lambda: True
-    synced: Callable[[], bool] = lambda: True
-    excluded: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    truth: Truth
+    """The truth check after the node lock (``Feed``; ``Trusting`` only where no other writer exists)."""
+    leading: Callable[[], bool]
+    """True while this replica leads: only the leader binds."""
+    synced: Callable[[], bool]
+    """True once every watched kind is listed and healthy: no bind from a partial cache."""
+    excluded: Mapping[str, str]
     """Nodes not to place on now -> reason code (invalid registration, stale handshake, ...)."""
     invalid_nodes: Collection[str] = frozenset()
     """Nodes whose registration could not be decoded (the sync's live set), to name the reason."""
-    lock_owner: Callable[[str], str | None] = lambda node: None
+    lock_owner: Callable[[str], str | None]
     """``ns/name`` of the pod HAMi's lock on a node names, as the node watch shows it."""
     lock_wait_s: float = 3.0
     bind_timeout_s: float = 20.0
@@ -249,7 +283,9 @@ class BindFlow:
     sync_wait_s: float = 5.0
     faults: failpoints.Failpoints = dataclasses.field(default_factory=failpoints.Failpoints)
     monotonic: Callable[[], float] = time.monotonic
-    on_bound: Callable[[requests.PodRequest, str, allocations.PodAllocation], None] | None = None
+    on_bound: listeners.Listeners[[requests.PodRequest, str, allocations.PodAllocation]] = dataclasses.field(
+        default_factory=listeners.Listeners
+    )
     """Told of every GPU pod this flow bound (pod, node, cards), after the fact (shadow mode)."""
     foreign_claims: ClaimSource | None = None
     """Judges other schedulers' claims on pods; None: ``truth`` when it does (the feed), else none."""
@@ -369,13 +405,24 @@ class BindFlow:
         return dict(self._live)
 
     async def drain(self) -> None:
-        """Wait for the resolvers of ambiguous binds; label the pods whose label waits (shutdown, tests)."""
+        """Finish what the flow left running: label the pods whose label waits, wait for the resolvers.
+
+        The app's lifespan runs it at shutdown (within ``http.app.DRAIN_BINDS_S``), while the API
+        client still runs: a pod's label timer and task die with the event loop, and recovery does
+        not label. The waiting labels start first, so a resolver that takes the whole budget does
+        not cost them; a pod a resolver binds meanwhile is labelled after it.
+        """
+        self._label_waiting()
         while self._resolvers:
             await asyncio.gather(*list(self._resolvers), return_exceptions=True)
-        for node, pending in list(self._unlabelled.items()):
-            self._label_now(node, pending)
+        self._label_waiting()
         while self._labellers:
             await asyncio.gather(*list(self._labellers), return_exceptions=True)
+
+    def _label_waiting(self) -> None:
+        """Start the label of every pod whose label waits for its device plugin's Allocate."""
+        for node, pending in list(self._unlabelled.items()):
+            self._label_now(node, pending)
 
     # ----- the verb
 
@@ -386,7 +433,7 @@ class BindFlow:
         """
         task = asyncio.ensure_future(self._guarded(args))
         outcome = await asyncio.shield(task)
-        self.metrics.binds.labels(outcome.result).inc()
+        self.metrics.binds.labels(outcome.result.value).inc()
         return outcome
 
     async def _guarded(self, args: wire.ExtenderBindingArgs) -> Outcome:
@@ -396,7 +443,7 @@ class BindFlow:
             self.log.error(
                 "bind failed unexpectedly", pod=f"{args.pod_namespace}/{args.pod_name}", err=repr(err)
             )
-            return Outcome("error", f"internal error: {type(err).__name__}")
+            return Outcome(Result.ERROR, f"internal error: {type(err).__name__}")
 
     async def _request(self, args: wire.ExtenderBindingArgs) -> requests.PodRequest | Outcome:
         """The pod's request from the filter memo, else read from the API (restart, other replica)."""
@@ -407,16 +454,16 @@ class BindFlow:
             obj = await self.binder.read_pod(args.pod_namespace, args.pod_name)
         except binders.BindFailure as err:
             self.metrics.api_errors.labels("read").inc()
-            return Outcome("failed", f"cannot read pod: {err}")
+            return Outcome(Result.FAILED, f"cannot read pod: {err}")
         if obj is None:
-            return Outcome("rejected", "pod not found")
+            return Outcome(Result.REJECTED, "pod not found")
         meta = obj.get("metadata") or {}
         if args.pod_uid and meta.get("uid") != args.pod_uid:
-            return Outcome("rejected", "pod UID mismatch (deleted and recreated?)")
+            return Outcome(Result.REJECTED, "pod UID mismatch (deleted and recreated?)")
         try:
             return resources.parse_pod(obj, self.request_config)
         except codec_errors.DecodeError as err:
-            return Outcome("rejected", f"{status.INVALID_REQUEST}: {err}")
+            return Outcome(Result.REJECTED, f"{status.INVALID_REQUEST}: {err}")
 
     async def _bind(self, args: wire.ExtenderBindingArgs) -> Outcome:
         ns, name, uid, node = args.pod_namespace, args.pod_name, args.pod_uid, args.node
@@ -426,9 +473,9 @@ class BindFlow:
         if uid and self._done.get(uid) == node:
             return REPEAT
         if not self.leading():
-            return Outcome("not_leader", "this gpuslice replica is not the leader; retry")
+            return Outcome(Result.NOT_LEADER, "this gpuslice replica is not the leader; retry")
         if not await tasks.wait_until(self.synced, self.sync_wait_s, self.monotonic):
-            return Outcome("not_synced", "gpuslice cache not synced yet; retry")
+            return Outcome(Result.NOT_SYNCED, "gpuslice cache not synced yet; retry")
         pod = await self._request(args)
         if isinstance(pod, Outcome):
             return pod
@@ -439,14 +486,14 @@ class BindFlow:
         # overwrites the claim.
         claim = self._foreign_claim(key)
         if claim is not None and claim.held:
-            return Outcome("rejected", kclaims.waiting_note(key, claim, self.clock()))
+            return Outcome(Result.REJECTED, kclaims.waiting_note(key, claim, self.clock()))
         placed = self._reserve(key, uid, node, pod)
         if isinstance(placed, Outcome):
-            if placed.result != "held":
+            if placed.result is not Result.HELD:
                 return placed
             if await self._bound_anyway(ns, name, uid, node):
                 return REPEAT
-            return Outcome("rejected", placed.error)
+            return Outcome(Result.REJECTED, placed.error)
         job = _Bind(ns, name, uid, node, pod, placed, started, claim)
         self._live[key] = node
         handed_over = False
@@ -464,13 +511,13 @@ class BindFlow:
                 if not await _acquire(queue, budget - (self.monotonic() - started)):
                     self.cache.forget(key)
                     return Outcome(
-                        "busy", f"node {node} busy: binds queued longer than {self.bind_timeout_s:g}s"
+                        Result.BUSY, f"node {node} busy: binds queued longer than {self.bind_timeout_s:g}s"
                     )
                 try:
                     outcome = await self._commit(job)
                 finally:
                     queue.release()
-            handed_over = outcome.result == "pending"
+            handed_over = outcome.result is Result.PENDING
         except BaseException:
             self.cache.forget(key)
             raise
@@ -492,31 +539,26 @@ class BindFlow:
         self, key: str, uid: str, node: str, pod: requests.PodRequest, locked: bool = False
     ) -> allocations.PodAllocation | Outcome:
         """Fit on the current snapshot and assume it, with no await in between."""
-        card_policy = self.policies.card(pod)
         reason = self._excluded(node, locked)
         if reason is not None:
-            return Outcome("rejected", f"node {node}: {reason}")
-        snap = self.cache.snapshot()
-        state = view.node_state(snap, node)
+            return Outcome(Result.REJECTED, f"node {node}: {reason}")
+        cyc = cycles.Cycle.of(self.policies, self.cache.snapshot(), pod)
+        state = cyc.state(node)
         if state is None:
-            return Outcome("rejected", f"node {node}: {view.node_problem(node, self.invalid_nodes)}")
-        placement = fit.place(
-            state,
-            pod,
-            card_policy,
-            scheduling.context(snap, pod, self.policies),
-            view.quota(snap, pod.namespace),
-        )
+            return Outcome(Result.REJECTED, f"node {node}: {view.node_problem(node, self.invalid_nodes)}")
+        placement = cyc.place(state)
         if placement.allocation is None:
-            return Outcome("no_fit", f"pod no longer fits node {node}: {','.join(placement.status.reasons)}")
+            return Outcome(
+                Result.NO_FIT, f"pod no longer fits node {node}: {','.join(placement.status.reasons)}"
+            )
         alloc = placement.allocation
         try:
             verdict = self.cache.assume(key, uid, alloc, self.clock(), pod.job(self.policies.job_label))
         except ValueError:
             # Already in the cache: confirmed by the watch, or another bind of it is in flight.
-            return Outcome("held", f"pod {key} already holds an allocation")
+            return Outcome(Result.HELD, f"pod {key} already holds an allocation")
         if not verdict.ok:
-            return Outcome("no_fit", f"pod no longer fits node {node}: {','.join(verdict.reasons)}")
+            return Outcome(Result.NO_FIT, f"pod no longer fits node {node}: {','.join(verdict.reasons)}")
         return alloc
 
     def _claim_refuses(self, job: _Bind) -> Outcome | None:
@@ -531,7 +573,7 @@ class BindFlow:
         if claim is not None and ours:
             claim = kclaims.unlocked(claim, self.clock())
         if claim is not None and claim.held:
-            return Outcome("rejected", kclaims.waiting_note(job.key, claim, self.clock()))
+            return Outcome(Result.REJECTED, kclaims.waiting_note(job.key, claim, self.clock()))
         job.replaces = claim
         return None
 
@@ -540,11 +582,11 @@ class BindFlow:
         if not self.cache.forget(job.key):
             # The watch took the pod out of the assumed state while we waited: it was deleted,
             # or bound (elsewhere) by someone else. Nothing of ours is left to admit.
-            return Outcome("rejected", f"pod {job.key} changed while its bind waited")
+            return Outcome(Result.REJECTED, f"pod {job.key} changed while its bind waited")
         reason = self._excluded(job.node, locked=True)
         if reason is not None:
             # The node died (or stopped answering Allocate) while the bind queued for its lock.
-            return Outcome("rejected", f"node {job.node}: {reason}")
+            return Outcome(Result.REJECTED, f"node {job.node}: {reason}")
         verdict = self.cache.assume(
             job.key, job.uid, job.alloc, self.clock(), job.pod.job(self.policies.job_label)
         )
@@ -571,7 +613,7 @@ class BindFlow:
             self.metrics.api_errors.labels(err.operation).inc()
             if err.ambiguous and await self._bound_anyway(ns, name, uid, node):
                 return BOUND
-            return Outcome("failed", f"{err.operation} failed: {err}")
+            return Outcome(Result.FAILED, f"{err.operation} failed: {err}")
         return BOUND
 
     async def _commit(self, job: _Bind, adopt: bool = False) -> Outcome:
@@ -603,7 +645,7 @@ class BindFlow:
         if refused is None and self.monotonic() >= deadline:
             # Writing now could outlive the recovery grace another replica allows a live bind.
             refused = Outcome(
-                "failed", f"commit deadline ({self.commit_deadline_s:g}s) passed before the writes"
+                Result.FAILED, f"commit deadline ({self.commit_deadline_s:g}s) passed before the writes"
             )
         if refused is not None:
             await self._undo(job)
@@ -690,7 +732,7 @@ class BindFlow:
         self.log.info(
             "bind failed", pod=job.key, node=job.node, op=err.operation, reason=err.reason, err=str(err)
         )
-        return Outcome("failed", f"{err.operation} failed: {err}")
+        return Outcome(Result.FAILED, f"{err.operation} failed: {err}")
 
     def _succeeded(self, job: _Bind) -> Outcome:
         self.cache.finish_binding(job.key, self.clock())
@@ -710,8 +752,7 @@ class BindFlow:
         self.log.v(2, "bound", pod=job.key, node=job.node, devices=describe(job.alloc))
         if job.replaces is not None:
             self._replaced(job, job.replaces)
-        if self.on_bound is not None:
-            self.on_bound(job.pod, job.node, job.alloc)
+        self.on_bound.emit(job.pod, job.node, job.alloc)
         return BOUND
 
     def _replaced(self, job: _Bind, claim: kclaims.Claim) -> None:
@@ -788,7 +829,9 @@ class BindFlow:
         task = asyncio.create_task(self._resolve(job, dict(annotations)), name=f"resolve-{job.key}")
         self._resolvers.add(task)
         task.add_done_callback(self._resolvers.discard)
-        return Outcome("pending", f"{err.operation} outcome unknown ({err}); gpuslice finishes it; retry")
+        return Outcome(
+            Result.PENDING, f"{err.operation} outcome unknown ({err}); gpuslice finishes it; retry"
+        )
 
     async def _resolve(self, job: _Bind, annotations: dict[str, str]) -> None:
         """Finish an ambiguous bind: read the pod, send the Binding again, until bound or definitely not."""

@@ -6,7 +6,8 @@ the GET routes (health, readiness, metrics, the cluster view ``/ui`` of ``cluste
 the lifespan. Malformed
 input (bad JSON, wrong types, oversized bodies) is a 4xx with a plain message;
 scheduling failures go in the response body (``FailedNodes``, ``Error``), never as a 5xx. The
-lifespan enters the injected background services (informers, event worker) and stops them.
+lifespan enters the injected background services (informers, event worker) and stops them;
+before it stops them, it finishes the bind flow's pending work (``drain_binds``).
 ``create_metrics_app`` serves the same GET routes alone, for a plain-HTTP listener beside an
 mTLS one.
 
@@ -21,6 +22,7 @@ request's body, until the garbage collector's next full pass (which an idle serv
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -46,13 +48,15 @@ from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.http import jsondepth, preempt, wire
 from gpuslice.extender.ops import clusterview
 from gpuslice.extender.ops import shadow as shadows
+from gpuslice.framework import cycle as cycles
 from gpuslice.framework import explain as explains
 from gpuslice.framework import logs, memo, scheduling, view
 from gpuslice.framework import pending as pendings
+from gpuslice.framework import profile as profiles
 from gpuslice.kube import claims, objects
 from gpuslice.kube import errors as kerrors
 from gpuslice.model import requests, status
-from gpuslice.policy import batch, registry
+from gpuslice.policy import api, batch
 
 JSON = "application/json"
 REQUEST_MEMO_ENTRIES, REQUEST_MEMO_BYTES = 4096, 8 << 20
@@ -66,6 +70,9 @@ SEEN_MEMO_ENTRIES, SEEN_MEMO_BYTES = 20_000, 4 << 20
 _NOTHING_BUSY: frozenset[str] = frozenset()
 """``Handlers._busy`` when the lock margin is off."""
 NOT_SYNCED = "gpuslice cache not synced yet (first list or relist in progress); retry"
+DRAIN_BINDS_S = 10.0
+"""Longest wait at shutdown for the bind flow's unfinished work (``drain_binds``); with the
+``serve.BEFORE_EXIT_S`` before it, well inside the pod's default 30 s termination grace period."""
 T = TypeVar("T")
 Service = Callable[[], contextlib.AbstractAsyncContextManager[object]]
 """A background service the lifespan runs (entered at startup, exited at shutdown)."""
@@ -79,31 +86,38 @@ class BadRequest(Exception):
         self.status_code = status_code
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Deps:
-    """Everything the app needs, built by ``serve`` (or by tests, with fakes)."""
+    """Everything the app needs, built by ``serve`` (or by tests, with fakes).
+
+    The safety settings (``synced``, ``follower``, ``follower_ready``, ``excluded``) have no
+    defaults: a composition that forgets one fails here, at construction, instead of answering
+    from a partial cache or as a leader it is not.
+    """
 
     settings: config.Settings
     cache: view.Cache
     flow: binds.BindFlow
-    policies: scheduling.Policies
+    policies: profiles.Profile
     log: logs.Log
     metrics: metrics.Metrics
     events: binds.Events
-    follower: Callable[[], bool] = lambda: False
+    follower: Callable[[], bool]
     """True while this replica follows where only the leader should get calls (``lease`` mode):
     every verb's answer then carries ``Connection: close``."""
-    follower_ready: bool = True
+    follower_ready: bool
     """``/readyz`` of a synced follower: 200 ``ok (follower)`` when the Service finds the leader by
     its pod label (``extender.leaderlabel``), else 503 ``not leader`` (readiness is the only way)."""
-    drain: Callable[[], Awaitable[None]] | None = None
+    before_exit: Callable[[], Awaitable[None]] | None = None
     """Run on SIGTERM before the listeners close (the leader's pod label is removed); None: nothing."""
-    synced: Callable[[], bool] = lambda: True
+    synced: Callable[[], bool]
     """Every watched kind listed and healthy: filter and prioritize answer only then."""
     services: Sequence[Service] = ()
+    """Background services the lifespan enters in order and leaves in reverse (``BindFlow.drain``
+    runs first, within ``DRAIN_BINDS_S``, while they still run)."""
     invalid_nodes: Collection[str] = frozenset()
     """Nodes whose GPU registration does not decode (live view kept by the feed)."""
-    excluded: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    excluded: Mapping[str, str]
     """Registered nodes not to place on now -> reason code (stale handshake, held lock)."""
     pending: pendings.PendingPods = dataclasses.field(default_factory=pendings.PendingPods)
     """GPU pods the filter found no node for (``extender.pending``); ``/explain`` and the UI read it."""
@@ -238,10 +252,10 @@ class _Shapes:
     def __init__(self, cache: view.Cache, period_s: float = 1.0) -> None:
         self._cache = cache
         self._period = period_s
-        self._pending: list[registry.Shape] = []
+        self._pending: list[api.Shape] = []
         self._last = time.monotonic()
 
-    def add(self, shape: registry.Shape) -> None:
+    def add(self, shape: api.Shape) -> None:
         self._pending.append(shape)
 
     def flush(self) -> bool:
@@ -440,9 +454,10 @@ class Handlers:
         if claim is not None:  # the pod waits for the claim; preemption cannot help: unresolvable
             outcome = scheduling.reject_all(names, status.FOREIGN_CLAIM_HELD)
         else:
-            outcome = scheduling.filter_nodes(
-                snap, pod, names, deps.policies, self.log, deps.invalid_nodes, deps.excluded, busy
-            )
+            cyc = cycles.Cycle.of(deps.policies, snap, pod)
+            outcome = scheduling.filter_nodes(cyc, names, self.log, deps.invalid_nodes, deps.excluded, busy)
+            if outcome.candidates is not None:  # no prioritize follows a single feasible node
+                deps.flow.remember_scores(pod.uid, *outcome.candidates)
         deps.flow.remember(pod)
         if busy is not _NOTHING_BUSY and deps.policies.extender_decides and len(outcome.feasible) == 1:
             deps.flow.claim(_key(pod), outcome.feasible[0])  # taken until its bind arrives
@@ -542,14 +557,13 @@ class Handlers:
             scores = np.zeros(len(names), np.int64)
         else:
             ranks = deps.policies.ranks and pod.wants_gpu
-            snap = deps.cache.snapshot()
+            cyc = cycles.Cycle.of(deps.policies, deps.cache.snapshot(), pod)
             if filtered is None:
-                scores = scheduling.score_nodes(snap, pod, names, deps.policies, self.log)
+                scores = scheduling.score_nodes(cyc, names, self.log)
             else:
-                scores = scheduling.rescore(snap, pod, names, deps.policies, self.log, filtered)
+                scores = scheduling.rescore(cyc, names, self.log, filtered)
             deps.flow.remember_scores(pod.uid, names, scores)
-            ctx = scheduling.context(snap, pod, deps.policies)
-            scores = scheduling.candidate_step(deps.policies.node(pod, ctx), scores, ctx)
+            scores = cyc.stepped(scores)
             busy = self._busy(pod)
             if busy:
                 keyed = scheduling.lock_aware(names, scores, busy, deps.policies)
@@ -663,6 +677,21 @@ def create_metrics_app(deps: Deps) -> Starlette:
     return Starlette(routes=_probe_routes(Handlers(deps)) + clusterview.routes(deps))
 
 
+async def drain_binds(flow: binds.BindFlow, log: logs.Log, limit_s: float | None = None) -> None:
+    """At shutdown: ``flow.drain()`` (pending pod labels, ambiguous binds), for at most ``limit_s``.
+
+    The listeners have closed and answered their last calls by then. What is still unfinished when
+    the time is up is cancelled and logged: a pod left without its label keeps its devices (only
+    HAMi's vGPU monitor misses it), and a lock left by an ambiguous bind is the next leader's
+    orphan to release.
+    """
+    limit = DRAIN_BINDS_S if limit_s is None else limit_s
+    try:
+        await asyncio.wait_for(flow.drain(), limit)
+    except TimeoutError:
+        log.warning("shutdown: binds left unfinished", after_s=f"{limit:g}")
+
+
 def create_app(deps: Deps) -> _Fast:
     """Build the app around ``deps`` (see the module docstring)."""
     h = Handlers(deps)
@@ -673,6 +702,7 @@ def create_app(deps: Deps) -> _Fast:
             for service in deps.services:
                 await stack.enter_async_context(service())
             yield State(deps=deps)
+            await drain_binds(deps.flow, deps.log)  # the services (the API client) still run
 
     routes = _probe_routes(h) + clusterview.routes(deps)  # GET /ui, /ui/state: the cluster view
     routes += shadows.routes(deps.shadow)  # GET /shadow, /shadow/decisions (docs/shadow.md)

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuslice.extender.http import wire
-from gpuslice.framework import scheduling, view
+from gpuslice.framework import cycle as cycles
+from gpuslice.framework import profile as profiles
+from gpuslice.framework import view
 from gpuslice.model import requests, status
-from gpuslice.policy import fit
 
 
 def keep_nonempty(victims: Mapping[str, wire.MetaVictims]) -> dict[str, wire.MetaVictims]:
@@ -29,20 +30,19 @@ def narrow(
     snap: view.Snapshot,
     pod: requests.PodRequest,
     victims: Mapping[str, wire.MetaVictims],
-    policies: scheduling.Policies,
+    profile: profiles.Profile,
 ) -> dict[str, wire.MetaVictims]:
     """The candidate nodes where evicting could make room for the pod (see the module docstring)."""
     kept = keep_nonempty(victims)
     if not pod.wants_gpu:
         return kept
-    card_policy = policies.card(pod)
-    ctx = scheduling.context(snap, pod, policies)
+    cyc = cycles.Cycle.of(profile, snap, pod)
     out: dict[str, wire.MetaVictims] = {}
     for name, v in kept.items():
-        state = view.node_state(snap, name)
+        state = cyc.state(name)
         if state is None:
             continue
-        placement = fit.place(state, pod, card_policy, ctx, None)
+        placement = cyc.place(state, quota=False)
         if placement.status.code is not status.Code.UNRESOLVABLE:
             out[name] = v
     return out

@@ -23,7 +23,7 @@ import msgspec
 import numpy as np
 
 from gpuslice.model import limits
-from gpuslice.policy import registry
+from gpuslice.policy import api
 
 MAX_EXTENDER_PRIORITY = 10
 """kube-scheduler's ``MaxExtenderPriority``; it multiplies our score by ``weight x 10``."""
@@ -200,15 +200,15 @@ ENCODER = msgspec.json.Encoder()
 
 
 def to_extender_score(score: int) -> int:
-    """Map an internal score 0..``registry.MAX_SCORE`` to the extender's 0..10, rounding half up.
+    """Map an internal score 0..``api.MAX_SCORE`` to the extender's 0..10, rounding half up.
 
     Out-of-range inputs are clamped, since kube-scheduler adds the value without validation.
     """
-    clamped = min(max(score, 0), registry.MAX_SCORE)
-    return (clamped * MAX_EXTENDER_PRIORITY * 2 + registry.MAX_SCORE) // (2 * registry.MAX_SCORE)
+    clamped = min(max(score, 0), api.MAX_SCORE)
+    return (clamped * MAX_EXTENDER_PRIORITY * 2 + api.MAX_SCORE) // (2 * api.MAX_SCORE)
 
 
-_TABLE_NP = np.array([to_extender_score(s) for s in range(registry.MAX_SCORE + 1)], np.int64)
+_TABLE_NP = np.array([to_extender_score(s) for s in range(api.MAX_SCORE + 1)], np.int64)
 _SCORE_TAILS = tuple(f"{v}}},".encode() for v in range(MAX_EXTENDER_PRIORITY + 1))
 _HOST_HEADS: dict[str, bytes] = {}
 _HOST_HEADS_BUDGET = 8 << 20

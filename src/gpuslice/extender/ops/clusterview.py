@@ -39,7 +39,8 @@ from gpuslice.cache import cache as caches
 from gpuslice.extender.ops import shadow as shadows
 from gpuslice.framework import explain as explains
 from gpuslice.framework import pending as pendings
-from gpuslice.framework import scheduling, view
+from gpuslice.framework import profile as profiles
+from gpuslice.framework import view
 from gpuslice.model import allocations, nodes, status
 from gpuslice.policy import fragmentation, shares
 
@@ -226,7 +227,7 @@ class Source(Protocol):
         ...
 
     @property
-    def policies(self) -> scheduling.Policies:
+    def policies(self) -> profiles.Profile:
         """The extender's policies (``explain`` judges cards with them)."""
         ...
 

@@ -18,7 +18,7 @@ recorded without shadow choices.
 A shadow policy applies to every pod: the pod's own ``hami.io/node-scheduler-policy`` and
 ``hami.io/gpu-scheduler-policy`` are ignored for it. A learning policy (fgd, fgd-lookahead) gives way
 to ``workload_fallback`` while the learned workload is untrusted, as a live one does
-(``scheduling.Policies``).
+(``profile.Profile``).
 
 Each decision compares the shadow's choice with the live one: ``cards`` (same node, same cards per
 container), ``node`` (same node, other cards) or ``none`` (another node, or no node at all). The
@@ -55,9 +55,11 @@ from starlette.routing import Route
 from gpuslice.cache import cache as caches
 from gpuslice.extender import config
 from gpuslice.extender import metrics as extender_metrics
-from gpuslice.framework import memo, scheduling, view
+from gpuslice.framework import cycle as cycles
+from gpuslice.framework import memo, view
+from gpuslice.framework import profile as profiles
 from gpuslice.model import allocations, nodes, requests
-from gpuslice.policy import batch, decisions, registry
+from gpuslice.policy import api, decisions
 
 RECENT = 20
 """Disagreements kept per policy for ``summary()``."""
@@ -85,30 +87,27 @@ def choose(
     snap: view.Snapshot,
     pod: requests.PodRequest,
     names: Sequence[str],
-    policies: scheduling.Policies,
+    profile: profiles.Profile,
     live_node: str,
     live_cards: decisions.Cards,
 ) -> decisions.Choice:
-    """What ``policies`` (a shadow's defaults, pod overrides stripped) chooses among ``names``.
+    """What ``profile`` (a shadow's defaults, pod overrides stripped) chooses among ``names``.
 
-    The filter's evaluation (``batch.evaluate``), the candidate step and ``batch.first_placed``
+    The pod's cycle: its evaluation, the candidate step and ``Cycle.first_placed``
     (``batch.best_first``, ``fit.place``), as the live filter with ``node_choice: extender`` does.
     """
-    ctx = scheduling.context(snap, pod, policies)
-    node_policy = policies.node(pod, ctx)
-    card_policy = policies.card(pod)
-    quota = view.quota(snap, pod.namespace)
-    ev = batch.evaluate(snap.nodes, view.columns(snap), names, pod, node_policy, card_policy, ctx, quota)
+    cyc = cycles.Cycle.of(profile, snap, pod)
+    ev = cyc.evaluate(names)
     idx = np.flatnonzero(ev.feasible).tolist()
     feasible = [ev.names[i] for i in idx]
-    name = policies.node_default
+    name = profile.node_default
     if not feasible:
         return decisions.Choice(policy=name, node="")
-    stepped = scheduling.candidate_step(node_policy, ev.scores[idx], ctx)
+    stepped = cyc.stepped(ev.scores[idx])
     live_score = None
     if live_node in feasible:
         live_score = int(stepped[feasible.index(live_node)])
-    won = batch.first_placed(snap.nodes, feasible, stepped, pod, card_policy, ctx, quota)
+    won = cyc.first_placed(feasible, stepped)
     if won is None:
         return decisions.Choice(policy=name, node="", live_score=live_score)
     i, alloc = won
@@ -176,7 +175,7 @@ class Shadow:
 
     def __init__(
         self,
-        policies: scheduling.Policies,
+        policies: profiles.Profile,
         names: Sequence[str],
         m: extender_metrics.Metrics,
         record: str = "",
@@ -199,7 +198,7 @@ class Shadow:
         self._last_snap: view.Snapshot | None = None
         self._start: decisions.Start | None = None
         self._known: frozenset[str] = frozenset()
-        self._workload: registry.Workload | None = None
+        self._workload: api.Workload | None = None
         self._records: collections.deque[decisions.Record] = collections.deque(maxlen=KEEP)
         self.dropped = 0
         """Records no longer kept in memory (the file has them)."""
@@ -228,7 +227,10 @@ class Shadow:
         self._seen.put(pod.uid, _Seen(snap, kept, pinned))
 
     def bound(self, pod: requests.PodRequest, node: str, alloc: allocations.PodAllocation) -> None:
-        """The live bind of ``pod`` to ``node`` completed: decide the shadows once the answer is out."""
+        """The live bind of ``pod`` to ``node`` completed: decide the shadows once the answer is out.
+
+        A listener of ``BindFlow.on_bound`` (registered by ``serve.build``).
+        """
         seen = self._seen.pop(pod.uid, None) if pod.uid else None
         now = self._clock()
         try:
@@ -238,18 +240,11 @@ class Shadow:
             return
         loop.call_soon(self.decide, pod, node, alloc, seen, now)
 
-    def chained(self, freed: Callable[[str], None] | None) -> Callable[[str], None]:
-        """A ``capacity_freed`` hook calling ``freed`` (the feed's former one) and then this one."""
-
-        def both(node: str) -> None:
-            if freed is not None:
-                freed(node)
-            self.capacity_freed(node)
-
-        return both
-
     def capacity_freed(self, node: str) -> None:
-        """A pod holding GPUs on ``node`` went away: record the departures of recorded pods there."""
+        """A pod holding GPUs on ``node`` went away: record the departures of recorded pods there.
+
+        A listener of ``Feed.on_capacity_freed`` (registered by ``serve.build``).
+        """
         pods = self._by_node.get(node)
         if not pods:
             return
@@ -426,7 +421,7 @@ class Shadow:
 
 def build(
     settings: config.Settings,
-    policies: scheduling.Policies,
+    policies: profiles.Profile,
     m: extender_metrics.Metrics,
     cache: caches.ClusterCache,
 ) -> Shadow | None:
