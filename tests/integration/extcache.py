@@ -21,7 +21,6 @@ async def extender_cache(kube: kclient.KubeClient, job_label: str = "") -> Async
     """The extender's informers feeding a cluster cache, as ``gpuslice serve`` runs them."""
     cache = caches.ClusterCache()
     f = feed.Feed(kube, cache, config.Settings(job_label=job_label), logs.Log(), ext_metrics.Metrics())
-    f.sync.job_label = job_label  # as serve.build wires it
     async with f.running():
         yield cache
 

@@ -66,8 +66,8 @@ async def test_own_lease_mode_one_replica_leads_and_the_other_takes_over(
 
     a, b = leader.OwnLease(elector("a")), leader.OwnLease(elector("b"))
     changes: list[tuple[str, bool]] = []
-    a.on_change = lambda leading: changes.append(("a", leading))
-    b.on_change = lambda leading: changes.append(("b", leading))
+    a.on_change.add(lambda leading: changes.append(("a", leading)))
+    b.on_change.add(lambda leading: changes.append(("b", leading)))
 
     async def until(pred: Callable[[], bool]) -> bool:
         for _ in range(50):

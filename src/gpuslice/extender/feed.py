@@ -5,10 +5,11 @@ annotations, which is also how usage is rebuilt after a restart) and ResourceQuo
 cache. On top of it the extender adds:
 
 * overcommit: every inventory's memory and cores scaled by the configured factors;
-* ``on_node_lock(node, held)`` on every node event, so binds waiting for HAMi's node lock retry
+* ``on_node_lock`` (node, held) on every node event, so binds waiting for HAMi's node lock retry
   as soon as the device plugin releases it;
-* ``on_capacity_freed(node)`` when a pod holding GPUs goes away, or when its init containers
-  have all succeeded and the cache released their peak (requeue nudges);
+* ``on_capacity_freed`` (node) when a pod holding GPUs goes away, or when its init containers
+  have all succeeded and the cache released their peak (requeue nudges, shadow departures);
+  both are listener lists (``extender.listeners``) that ``serve.build`` registers consumers on;
 * a housekeeping loop: readiness and watch-restart metrics, assumed-pod expiry, ``gc.freeze``;
 * node liveness (``liveness.NodeHealth``) from every node event;
 * ``unbound_claims``: pods carrying a node claim (``hami.io/vgpu-node``) but no binding, which
@@ -38,7 +39,7 @@ from gpuslice.cache import cache as caches
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
-from gpuslice.extender import config, metrics, tasks
+from gpuslice.extender import config, listeners, metrics, tasks
 from gpuslice.extender.binding import binder as binders
 from gpuslice.extender.binding import liveness
 from gpuslice.framework import logs
@@ -90,8 +91,10 @@ class Feed:
         self.settings = settings
         self.log = log
         self.metrics = metrics_
-        self.on_node_lock: Callable[[str, bool], None] | None = None
-        self.on_capacity_freed: Callable[[str], None] | None = None
+        self.on_node_lock: listeners.Listeners[[str, bool]] = listeners.Listeners()
+        """Told (node, held) on every node event: whether HAMi's lock annotation is set."""
+        self.on_capacity_freed: listeners.Listeners[[str]] = listeners.Listeners()
+        """Told (node) when a pod holding GPUs there went away or released its init containers' peak."""
         s = settings
         self.sync = sync.Sync(
             kube,
@@ -102,6 +105,7 @@ class Feed:
             resync_s=s.resync_period_s,
             claim_expiry_s=s.node_lock_expiry_s or config.DEFAULT_LOCK_EXPIRY_S,
             clock=lambda: self.clock(),
+            job_label=s.job_label,  # each placed pod's job reaches the cache
         )
         self.sync.on_claim = self._claim_changed
         self.invalid_nodes = self.sync.invalid_nodes
@@ -175,8 +179,8 @@ class Feed:
         """Judge other schedulers' claims again (``kube.sync.Sync.recheck_claims``); nudge on stale ones."""
         for key in self.sync.recheck_claims(node):
             claim = self.sync.foreign_claim(key)
-            if claim is not None and not claim.held and self.on_capacity_freed is not None:
-                self.on_capacity_freed(claim.node)
+            if claim is not None and not claim.held:
+                self.on_capacity_freed.emit(claim.node)
 
     def pod(self, key: str) -> objects.Pod | None:
         """The pod as the watch last saw it."""
@@ -210,11 +214,11 @@ class Feed:
         if event.obj is not None:
             deleted = event.type is informer.EventType.DELETED
             self.health.observe(event.obj, deleted, self.clock(), self.monotonic())
-        if event.obj is not None and self.on_node_lock is not None:
+        if event.obj is not None and self.on_node_lock:
             held = event.type is not informer.EventType.DELETED and bool(
                 event.obj.metadata.annotations.get(keys.NODE_LOCK)
             )
-            self.on_node_lock(event.obj.metadata.name, held)
+            self.on_node_lock.emit(event.obj.metadata.name, held)
         if event.obj is not None:
             gone = event.type is informer.EventType.DELETED
             self._lock_seen(event.obj.metadata.name, None if gone else event.obj.metadata.annotations)
@@ -249,12 +253,12 @@ class Feed:
         held = self.cache.pod_state(key) is not None
         self.sync.apply_pod(key, pod, deleted)
         released = self._inits_release(pod, key, held)
-        if not held or self.on_capacity_freed is None:
+        if not held or not self.on_capacity_freed:
             return
         if released or self.cache.pod_state(key) is None:
             node = bound or ann.get(keys.VGPU_NODE, "")
             if node:
-                self.on_capacity_freed(node)
+                self.on_capacity_freed.emit(node)
 
     def _inits_release(self, pod: objects.Pod, key: str, held: bool) -> bool:
         """True when this event released a held pod's init-container peak (``Pod.inits_done`` flipped)."""

@@ -55,8 +55,8 @@ def _feed(settings: config.Settings | None = None) -> tuple[feed.Feed, caches.Cl
     rec = _Recorder()
     kube: Any = object()  # informers are built but never run here
     f = feed.Feed(kube, cache, settings or config.Settings(), logs.Log(0), metrics.Metrics())
-    f.on_node_lock = lambda node, held: rec.locks.append((node, held))
-    f.on_capacity_freed = rec.freed.append
+    f.on_node_lock.add(lambda node, held: rec.locks.append((node, held)))
+    f.on_capacity_freed.add(rec.freed.append)
     return f, cache, rec
 
 

@@ -87,7 +87,7 @@ class Setup:
             metrics.Metrics(),
         )
         self.feed.clock = self.clock
-        self.feed.on_capacity_freed = self.freed.append
+        self.feed.on_capacity_freed.add(self.freed.append)
         self.node_event(_node(), ADDED)
         self.feed.sync.pods.resource_version = "999999"  # the watch is past every lock write: no reads
         self.claim = pod_devices.filter_annotations(WHOLE, written)

@@ -178,7 +178,7 @@ def test_serve_wires_the_follower_and_the_label(
     deps = serve.build(config.validate(values), logs.Log())
     # Before the first Lease attempt nobody leads: a lease follower is ready but flagged.
     assert deps.follower() is follower
-    assert (deps.drain is not None) is label
+    assert (deps.before_exit is not None) is label
     assert mode != "lease" or deps.follower_ready is label  # no label: a follower is not ready
     services = [getattr(s, "__self__", None) for s in deps.services]
     labels = [s for s in services if isinstance(s, leaderlabel.PodLabel)]

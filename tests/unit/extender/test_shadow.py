@@ -61,7 +61,7 @@ def env(tmp_path: Path) -> Iterator[Env]:
     sh = shadow.build(settings, deps.policies, deps.metrics, cache)
     assert sh is not None
     deps.shadow = sh
-    deps.flow.on_bound = sh.bound
+    deps.flow.on_bound.add(sh.bound)
     with TestClient(apps.create_app(deps), raise_server_exceptions=False) as c:
         yield Env(cache, deps, sh, c, tmp_path / "rec.jsonl", binder)
     sh.close()
@@ -240,7 +240,8 @@ def test_learning_shadow_records_its_workload_and_replays_alike(tmp_path: Path) 
     deps = fakes.make_deps(cache, binder, settings)
     sh = shadow.build(settings, deps.policies, deps.metrics, cache)
     assert sh is not None
-    deps.shadow, deps.flow.on_bound = sh, sh.bound
+    deps.shadow = sh
+    deps.flow.on_bound.add(sh.bound)
     with TestClient(apps.create_app(deps), raise_server_exceptions=False) as c:
         env = Env(cache, deps, sh, c, tmp_path / "none", binder)
         for k, mem in enumerate((8000, 30000, 8000)):

@@ -201,7 +201,7 @@ def test_feed_nudges_the_node_once_when_the_init_peak_is_released() -> None:
     kube: Any = object()  # informers are built but never run here
     f = feed.Feed(kube, cache, config.Settings(), logs.Log(0), metrics.Metrics())
     freed: list[str] = []
-    f.on_capacity_freed = freed.append
+    f.on_capacity_freed.add(freed.append)
     register = {keys.NODE_REGISTER: registrations.encode_json(CARDS)}
     f.sync.nodes.handler(
         informer.Event(E.ADDED, objects.Node(metadata=objects.ObjectMeta(name=NODE, annotations=register)))

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from gpuslice.extender import tasks
+from gpuslice.extender import listeners, tasks
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import lease
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 class Leadership:
     """Whether this replica leads now; ``running`` keeps it current.
 
-    Subclasses set ``leading`` and call ``_changed`` on transitions.
+    Subclasses set ``leading`` and call ``_changed`` on transitions, which ``on_change`` hears.
     """
 
     mode = "none"
@@ -50,7 +50,8 @@ class Leadership:
 
     def __init__(self) -> None:
         self.leading = True
-        self.on_change: Callable[[bool], None] | None = None
+        self.on_change: listeners.Listeners[[bool]] = listeners.Listeners()
+        """Told (leading) on every transition."""
 
     def is_leading(self) -> bool:
         """True while this replica leads."""
@@ -61,8 +62,7 @@ class Leadership:
             return
         self.leading = leading
         log.info("leadership: %s", "leading" if leading else "following")
-        if self.on_change is not None:
-            self.on_change(leading)
+        self.on_change.emit(leading)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Leadership]:
