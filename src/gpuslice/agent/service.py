@@ -23,6 +23,7 @@ import msgspec
 
 from gpuslice.agent import backend, collect, discover, health, metrics, ownership, publish
 from gpuslice.codec import keys
+from gpuslice.kube import errors as kerrors
 from gpuslice.kube import nodes as kube_nodes
 from gpuslice.model import devices, nodes
 
@@ -42,7 +43,11 @@ RETRY_S = 10.0
 
 
 class NodeApi(Protocol):
-    """What the agent needs from the API server about its own Node."""
+    """What the agent needs from the API server about its own Node.
+
+    A failed call raises ``kube.errors.ApiError`` (``Conflict``: the Node changed since the
+    ``resource_version`` a patch carried).
+    """
 
     @property
     def field_manager(self) -> str:
@@ -306,7 +311,7 @@ class Agent:
         try:
             report.patched = self._patch(desired, remove)
             report.yielded = self.yielded
-        except kube_nodes.NodeApiError as e:  # kept running, retried soon
+        except kerrors.ApiError as e:  # kept running, retried soon
             report.error = f"publishing failed: {e}"
             log.error("%s", report.error)
             self._next_refresh = self._clock() + min(RETRY_S, self.settings.refresh_s)
@@ -343,8 +348,8 @@ class Agent:
             self._note_owners((*desired, *remove), plan.yielded)
             try:
                 self._send(plan.patch, version)
-            except kube_nodes.NodeApiError as e:
-                if e.status != 409 or attempt == CONFLICT_ATTEMPTS:
+            except kerrors.ApiError as e:
+                if not isinstance(e, kerrors.Conflict) or attempt == CONFLICT_ATTEMPTS:
                     raise
                 log.info("node %s changed while patching; reading it again", self.settings.node_name)
                 attempt += 1
@@ -449,7 +454,7 @@ class Agent:
             if not publish.telemetry_changed(current, self._telemetry, wall, self.settings.refresh_s):
                 return desired, []
             return desired, self._patch(desired, ())
-        except kube_nodes.NodeApiError as e:
+        except kerrors.ApiError as e:
             log.error("publishing telemetry failed: %s", e)
             self._next_telemetry = now + min(RETRY_S, self.settings.telemetry_s)
             return desired, []
@@ -461,5 +466,5 @@ class Agent:
             return
         try:
             self._api.event(type_, reason, note, action)
-        except kube_nodes.NodeApiError as e:
+        except kerrors.ApiError as e:
             log.error("recording event %s failed: %s", reason, e)

@@ -1,7 +1,8 @@
 """The node agent's API calls: read a Node's annotations, merge-patch them, record Node events.
 
-Small and synchronous (the agent is a thread-based program). Self-contained on purpose: the rest of
-``gpuslice.kube`` may later absorb it.
+Small and synchronous (the agent is a thread-based program), on lightkube. Its failures are
+``kube.errors`` like every other API call's: a lightkube error becomes the class of its status code
+(``Conflict`` for 409, ...), anything else ``ApiUnavailable``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from lightkube.models import meta_v1
 from lightkube.resources import core_v1, events_v1
 from lightkube.types import PatchType
 
+from gpuslice.kube import errors
+
 AGENT_FIELD_MANAGER = "gpuslice-agent"
 """The field manager every write of the agent carries; the API server records it in the Node's
 ``metadata.managedFields``, which is how the agent tells its own annotation keys from keys another
@@ -25,18 +28,6 @@ REPORTING_CONTROLLER = "gpuslice.io/agent"
 EVENT_NAMESPACE = "default"
 """Node events live in ``default`` (Nodes are cluster-scoped), as the kubelet records them."""
 _NOTE_MAX = 1024  # events.k8s.io/v1 rejects longer notes
-
-
-class NodeApiError(Exception):
-    """An API call of the agent failed.
-
-    Attributes:
-        status: HTTP status code, or 0 when the server was not reached.
-    """
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class NodeInfo:
@@ -73,17 +64,22 @@ def make_client(kubeconfig: str | None = None) -> lightkube.Client:
     return lightkube.Client(config=config, field_manager=AGENT_FIELD_MANAGER)
 
 
-def _wrap(what: str, exc: Exception) -> NodeApiError:
+def _wrap(what: str, exc: Exception) -> errors.ApiError:
+    """A failed lightkube call as ``kube.errors``: by its status code, else not reached (code 0)."""
     if isinstance(exc, lightkube.ApiError):
-        return NodeApiError(exc.status.code or 0, f"{what}: {exc.status.message}")
-    return NodeApiError(0, f"{what}: {exc}")
+        code = exc.status.code or 0
+        message = f"{what}: {exc.status.message}"
+        if code >= 400:
+            return errors.class_for(code)(message, code=code, reason=exc.status.reason or "")
+        return errors.ApiUnavailable(message)
+    return errors.ApiUnavailable(f"{what}: {exc}")
 
 
 def get_node(client: lightkube.Client, name: str) -> NodeInfo:
     """Read a Node's uid, annotations, resourceVersion and managedFields.
 
     Raises:
-        NodeApiError: the Node does not exist (status 404) or the call failed.
+        errors.ApiError: the call failed (``errors.NotFound``: the Node does not exist).
     """
     try:
         node = client.get(core_v1.Node, name)
@@ -113,7 +109,7 @@ def patch_node_annotations(
     so nothing written since the caller's read is overwritten.
 
     Raises:
-        NodeApiError: the patch failed (status 409: the Node changed since ``resource_version``).
+        errors.ApiError: the patch failed (``errors.Conflict``: the Node changed since ``resource_version``).
     """
     if not changes:
         return
@@ -140,7 +136,7 @@ def record_node_event(
     """Create an events.k8s.io/v1 Event about a Node (type ``Warning`` or ``Normal``).
 
     Raises:
-        NodeApiError: the create failed.
+        errors.ApiError: the create failed.
     """
     event = events_v1.Event(
         # named as the kubelet names events: <object>.<unix nanoseconds in hex>

@@ -10,6 +10,7 @@ import pytest
 
 from gpuslice.agent import backend, cli, fake, health, metrics, service
 from gpuslice.codec import keys, node_inventory
+from gpuslice.kube import errors as kerrors
 from gpuslice.kube import nodes as kube_nodes
 
 pytestmark = pytest.mark.unit
@@ -43,7 +44,7 @@ class FakeApi:
 
     def read_node(self) -> kube_nodes.NodeInfo:
         if self.fail:
-            raise kube_nodes.NodeApiError(503, "apiserver down")
+            raise kerrors.ApiServerError("apiserver down", code=503)
         labels: dict[str, dict[str, object]] = {"f:labels": {"f:kubernetes.io/hostname": {}}}
         by_manager = {"kubelet": labels}  # as the kubelet registers a Node
         for key, manager in self.owners.items():
@@ -72,13 +73,13 @@ class FakeApi:
 
     def patch(self, changes: Mapping[str, str | None], resource_version: str | None = None) -> None:
         if self.fail:
-            raise kube_nodes.NodeApiError(503, "apiserver down")
+            raise kerrors.ApiServerError("apiserver down", code=503)
         self.versions_sent.append(resource_version)
         if self.conflicts:
             self.conflicts -= 1
-            raise kube_nodes.NodeApiError(409, "the object has been modified")
+            raise kerrors.Conflict("the object has been modified")
         if resource_version is not None and resource_version != str(self.version):
-            raise kube_nodes.NodeApiError(409, "the object has been modified")
+            raise kerrors.Conflict("the object has been modified")
         with self._cond:
             self.patches.append(dict(changes))
             self.write_as(self.field_manager, changes)
