@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any, cast
 
 import pytest
@@ -16,7 +15,9 @@ from gpuslice.kube import objects
 
 pytestmark = pytest.mark.unit
 
-NOW = float(int(time.time()))  # locks.acquire judges expiry by the wall clock
+NOW = 1_700_000_000.0
+"""The binder's clock, fixed and far from the wall clock: the fast path and ``locks.acquire`` must
+both judge a lock's age by it (a lock at ``NOW - 60`` is long expired by the wall clock)."""
 
 
 class _Kube:

@@ -207,7 +207,9 @@ class KubeBinder:
             except kerrors.ApiError as err:
                 raise _failure("lock", err) from err
         try:
-            acquired = await locks.acquire(self._kube, node, namespace, name, timeout_s=self._lock_timeout_s)
+            acquired = await locks.acquire(
+                self._kube, node, namespace, name, timeout_s=self._lock_timeout_s, clock=self._clock
+            )
         except kerrors.ApiError as err:
             raise _failure("lock", err) from err
         return acquired.resource_version
