@@ -18,13 +18,13 @@ import pytest
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
-from gpuslice.devcluster import nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
-from gpuslice.extender import config, feed, metrics
-from gpuslice.extender.binding import bind, binder, recovery
+from gpuslice.extender import config, feed, metrics, recovery
+from gpuslice.extender.binding import bind, binder
 from gpuslice.framework import logs, scheduling
 from gpuslice.kube import client as kclient
 from gpuslice.kube import locks, pods
+from gpuslice_dev import nodesim
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -68,6 +68,11 @@ async def stack(kube: kclient.KubeClient) -> AsyncIterator[tuple[feed.Feed, reco
         metrics=m,
         events=events,
         truth=source,
+        # The sweeper only asks the flow which binds are live here; no bind runs, no gate is needed.
+        leading=lambda: True,
+        synced=lambda: True,
+        excluded={},
+        lock_owner=lambda node: None,
     )
     sweeper = recovery.Recovery(kube, source, flow, LIMITS, events, m, log, lambda: True)
     async with source.running():

@@ -34,11 +34,11 @@ from starlette.types import ASGIApp
 
 from gpuslice.cache import cache as caches
 from gpuslice.cache import shapes
-from gpuslice.extender import config, feed, metrics
+from gpuslice.extender import config, feed, metrics, recovery
 from gpuslice.extender import preemption as preemptions
 from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.binding import binder as binders
-from gpuslice.extender.binding import failpoints, leader, leaderlabel, lockview, recovery
+from gpuslice.extender.binding import failpoints, leader, leaderlabel, lockview
 from gpuslice.extender.http import app as apps
 from gpuslice.extender.http import httpserver as httpservers
 from gpuslice.extender.ops import shadow as shadows
@@ -205,7 +205,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         shadow=shadow,
         preemption=preempting,
         locks=locks.busy,
-        pending=pendings.PendingPods(alive=_pending_alive(source)),
+        pending=pendings.PendingPods(clock=time.time, alive=_pending_alive(source)),
         read_pod=_pod_reader(source, kube),
     )
 

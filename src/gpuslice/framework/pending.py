@@ -13,7 +13,6 @@ Each entry holds what ``explain.explain`` needs: ``explain.explain(snap, entry.r
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import msgspec
@@ -58,9 +57,9 @@ class PendingPods:
 
     def __init__(
         self,
+        clock: Callable[[], float],
         limit: int = DEFAULT_LIMIT,
         alive: Callable[[str, str], bool] | None = None,
-        clock: Callable[[], float] = time.time,
         budget: int = DEFAULT_BUDGET,
     ) -> None:
         self.limit = limit

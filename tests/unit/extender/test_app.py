@@ -14,13 +14,12 @@ from starlette.testclient import TestClient
 from gpuslice.cache import cache as caches
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, pod_devices, resources
-from gpuslice.extender import config
+from gpuslice.extender import config, wire
 from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.http import app as apps
-from gpuslice.extender.http import wire
+from gpuslice.framework import registry
 from gpuslice.model import config as model_config
 from gpuslice.policy import quota as quotas
-from gpuslice.policy import registry
 from tests.unit import builders
 from tests.unit.builders import node
 from tests.unit.extender import fakes
@@ -470,7 +469,7 @@ def test_bind_waits_for_a_node_lock_held_by_another_pods_allocate(cache: caches.
         return out
 
     outcome = asyncio.run(run())
-    assert outcome.ok and outcome.result == "bound" and outcome.error == ""
+    assert outcome.ok and outcome.result is binds.Result.BOUND and outcome.error == ""
     assert binder.bound == {"default/p": "n-free"}
     assert [c[0] for c in binder.calls].count("lock") >= 2  # contention first, then taken
     # With no time left to wait, contention is an error and everything is rolled back.
@@ -478,7 +477,7 @@ def test_bind_waits_for_a_node_lock_held_by_another_pods_allocate(cache: caches.
     impatient = fakes.make_deps(cache, binder, settings=config.Settings(lock_wait_s=0.0))
     impatient.flow.remember(resources.parse_pod(fakes.gpu_pod("q", mem=1000)))
     err = asyncio.run(impatient.flow.bind(wire.ExtenderBindingArgs("q", "default", "uid-q", "n-free")))
-    assert err.result == "failed" and err.error.startswith("lock failed")
+    assert err.result is binds.Result.FAILED and err.error.startswith("lock failed")
     assert cache.pod_state("default/q") is None
     assert binder.locks == {"n-free": "default/other"}
     assert fakes.usage(cache, "n-free") == [(1, 1000, 0)]  # p alone

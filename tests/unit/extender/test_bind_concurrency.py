@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, resources
-from gpuslice.extender import config
+from gpuslice.extender import config, wire
 from gpuslice.extender.binding import bind as binds
-from gpuslice.extender.http import wire
 from gpuslice.model import allocations, devices, nodes
 from gpuslice.policy import cards
 from tests.unit import builders
@@ -62,7 +61,7 @@ async def _bind_all(
         deps.flow.remember(resources.parse_pod(pod))
         args.append(wire.ExtenderBindingArgs(f"p{k}", "default", f"uid-p{k}", f"n{target}"))
     results = await asyncio.gather(*(deps.flow.bind(a) for a in args))
-    assert all(r.result in ("bound", "no_fit") for r in results), results
+    assert all(r.result in (binds.Result.BOUND, binds.Result.NO_FIT) for r in results), results
     return cache, binder, sum(1 for r in results if r.ok)
 
 
@@ -199,7 +198,14 @@ async def _chaos(plans: list[_Plan], foreign: list[tuple[int, int, int]], delays
     outcomes = await asyncio.gather(*(flow.bind(a) for a in args))
     await flow.drain()
     assert not flow.live()
-    assert {o.result for o in outcomes} <= {"bound", "pending", "failed", "no_fit", "busy"}, outcomes
+    allowed = {
+        binds.Result.BOUND,
+        binds.Result.PENDING,
+        binds.Result.FAILED,
+        binds.Result.NO_FIT,
+        binds.Result.BUSY,
+    }
+    assert {o.result for o in outcomes} <= allowed, outcomes
 
     ours = [f"default/p{k}" for k in range(len(plans))]
     assert fakes.overcommitted(cache) == [], outcomes

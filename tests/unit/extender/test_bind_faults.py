@@ -13,11 +13,10 @@ from starlette.testclient import TestClient
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, pod_devices, resources
-from gpuslice.extender import config
+from gpuslice.extender import config, wire
 from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.binding import failpoints
 from gpuslice.extender.http import app as apps
-from gpuslice.extender.http import wire
 from tests.unit import builders
 from tests.unit.builders import node
 from tests.unit.extender import fakes
@@ -92,7 +91,7 @@ def test_bind_answers_not_synced_after_sync_wait(cache: caches.ClusterCache) -> 
     t0 = time.monotonic()
     outcome = asyncio.run(deps.flow.bind(_args()))
     waited = time.monotonic() - t0
-    assert outcome.result == "not_synced" and not outcome.ok
+    assert outcome.result is binds.Result.NOT_SYNCED and not outcome.ok
     assert "not synced" in outcome.error
     assert waited >= 0.15  # it waited for the sync first
     assert binder.calls == [] and cache.pod_state(P) is None
@@ -156,7 +155,7 @@ def test_truth_check_refuses_when_no_card_is_left(cache: caches.ClusterCache) ->
     deps = fakes.make_deps(cache, binder, truth=truth)
     _remember(deps, mem=8000)
     outcome = asyncio.run(deps.flow.bind(_args(node_name="n2")))  # n2 has one card
-    assert outcome.result == "no_fit" and "no longer fits" in outcome.error
+    assert outcome.result is binds.Result.NO_FIT and "no longer fits" in outcome.error
     assert fakes.usage(cache, "n2") == [(1, 77920, 0)]  # never 77920 + 8000 > 81920
     assert fakes.overcommitted(cache) == []
     assert cache.pod_state(P) is None
@@ -171,7 +170,7 @@ def test_truth_read_failure_undoes_the_bind(cache: caches.ClusterCache) -> None:
     _remember(deps)
     outcome = asyncio.run(deps.flow.bind(_args()))
     # Nothing was written yet, so even an unanswered read is simply a failed bind.
-    assert outcome.result == "failed" and outcome.error.startswith("claimed failed")
+    assert outcome.result is binds.Result.FAILED and outcome.error.startswith("claimed failed")
     assert cache.pod_state(P) is None and binder.locks == {} and binder.annotations == {}
 
 
@@ -186,7 +185,7 @@ def test_pod_bound_elsewhere_while_waiting_releases_the_node_lock(cache: caches.
     deps = fakes.make_deps(cache, binder, truth=Watch())
     _remember(deps)
     outcome = asyncio.run(deps.flow.bind(_args()))
-    assert outcome.result != "error"
+    assert outcome.result is not binds.Result.ERROR
     assert binder.locks == {} and binder.annotations == {}
 
 
@@ -202,7 +201,7 @@ def test_ambiguous_binding_failure_is_kept_and_finished_by_the_resolver(cache: c
 
     async def run() -> None:
         outcome = await flow.bind(_args())
-        assert outcome.result == "pending" and not outcome.ok
+        assert outcome.result is binds.Result.PENDING and not outcome.ok
         assert "outcome unknown" in outcome.error and "retry" in outcome.error
         # Nothing is rolled back: the write may have landed.
         assert cache.pod_state(P) is caches.PodState.ASSUMED
@@ -227,7 +226,7 @@ def test_ambiguous_binding_failure_is_kept_and_finished_by_the_resolver(cache: c
     assert deps.metrics.registry.get_sample_value("gpuslice_bind_ambiguous_total", {"operation": "bind"}) == 1
     # kube-scheduler's retry of the bind is a repeat now.
     again = asyncio.run(flow.bind(_args()))
-    assert again.result == "repeat" and again.ok
+    assert again.result is binds.Result.REPEAT and again.ok
 
 
 def test_a_binding_that_landed_is_not_posted_again(cache: caches.ClusterCache) -> None:
@@ -241,7 +240,7 @@ def test_a_binding_that_landed_is_not_posted_again(cache: caches.ClusterCache) -
         await deps.flow.drain()
         return outcome
 
-    assert asyncio.run(run()).result == "pending"
+    assert asyncio.run(run()).result is binds.Result.PENDING
     assert binder.bound == {P: "n1"}
     assert _ops(binder) == ["lock", "bind", "read", "label"]  # seen bound with our devices: no repeat
     assert cache.pod_state(P) is caches.PodState.ASSUMED
@@ -260,7 +259,7 @@ def test_repeated_ambiguous_bindings_are_sent_again_until_one_answers(cache: cac
         await deps.flow.drain()
         return outcome
 
-    assert asyncio.run(run()).result == "pending"
+    assert asyncio.run(run()).result is binds.Result.PENDING
     assert binder.bound == {P: "n1"}
     assert _ops(binder) == ["lock", "bind", "read", "bind", "read", "bind", "label"]
     # The retries carry the very annotations of the first attempt.
@@ -289,7 +288,7 @@ def test_pod_bound_to_our_node_by_another_writer_keeps_its_devices(cache: caches
     deps = fakes.make_deps(cache, binder, truth=Meanwhile())
     _remember(deps)
     outcome = asyncio.run(deps.flow.bind(_args()))
-    assert outcome.result == "repeat" and outcome.ok
+    assert outcome.result is binds.Result.REPEAT and outcome.ok
     assert binder.annotations[P] == theirs  # not overwritten: the device plugin serves these
     assert cache.pod_state(P) is None  # our reservation goes; the watch charges theirs
     assert fakes.usage(cache, "n1") == [(0, 0, 0), (0, 0, 0)]
@@ -305,7 +304,7 @@ def test_resolver_finds_the_pod_bound_here_by_another_writer(cache: caches.Clust
     theirs = _theirs("n1")
 
     async def run() -> None:
-        assert (await deps.flow.bind(_args())).result == "pending"
+        assert (await deps.flow.bind(_args())).result is binds.Result.PENDING
         binder.annotate(P, theirs)
         binder.bound[P] = "n1"
         binder.pods[P]["spec"]["nodeName"] = "n1"
@@ -331,7 +330,7 @@ def test_ambiguous_failure_then_pod_deleted_drops_everything(cache: caches.Clust
         await deps.flow.drain()
         return outcome
 
-    assert asyncio.run(run()).result == "pending"
+    assert asyncio.run(run()).result is binds.Result.PENDING
     assert cache.pod_state(P) is None
     assert fakes.usage(cache, "n1") == [(0, 0, 0), (0, 0, 0)]
     assert binder.locks == {}
@@ -348,7 +347,7 @@ def test_resolver_undoes_on_a_definite_failure(cache: caches.ClusterCache) -> No
     _remember(deps)
 
     async def run() -> None:
-        assert (await deps.flow.bind(_args())).result == "pending"
+        assert (await deps.flow.bind(_args())).result is binds.Result.PENDING
         binder.fail["bind"] = fakes.Fault('pods "p" is forbidden', reason="Forbidden")  # now a 4xx
         await deps.flow.drain()
 
@@ -366,7 +365,7 @@ def test_resolver_of_a_deposed_leader_leaves_the_bind_to_the_new_one(cache: cach
     _remember(deps)
 
     async def run() -> None:
-        assert (await deps.flow.bind(_args())).result == "pending"
+        assert (await deps.flow.bind(_args())).result is binds.Result.PENDING
         leading[0] = False
         await deps.flow.drain()
 
@@ -386,7 +385,7 @@ def test_resolver_keeps_another_binders_annotations(cache: caches.ClusterCache) 
     )
 
     async def run() -> None:
-        assert (await deps.flow.bind(_args())).result == "pending"
+        assert (await deps.flow.bind(_args())).result is binds.Result.PENDING
         # Meanwhile another binder (a new leader) bound the pod to n2 with its own annotations.
         binder.annotations[P] = dict(theirs)
         binder.bound[P] = "n2"
@@ -421,7 +420,7 @@ def test_the_label_waits_for_the_device_plugin_to_release_the_node_lock(cache: c
     _remember(deps)
 
     async def run() -> None:
-        assert (await deps.flow.bind(_args())).result == "bound"
+        assert (await deps.flow.bind(_args())).result is binds.Result.BOUND
         await asyncio.sleep(0.01)
         assert _ops(binder) == ["lock", "bind"] and binder.labels == {}
         binder.release("n1")  # the device plugin, after Allocate
@@ -467,7 +466,7 @@ def test_a_failed_label_does_not_fail_the_bind(cache: caches.ClusterCache) -> No
         return outcome
 
     outcome = asyncio.run(run())
-    assert outcome.result == "bound" and outcome.ok
+    assert outcome.result is binds.Result.BOUND and outcome.ok
     assert _ops(binder) == ["lock", "bind", "label"]
     assert binder.bound == {P: "n1"} and binder.labels == {}
     assert cache.pod_state(P) is caches.PodState.ASSUMED
@@ -483,7 +482,7 @@ def test_definite_binding_failure_undoes_everything_at_once(cache: caches.Cluste
     deps = fakes.make_deps(cache, binder)
     _remember(deps)
     outcome = asyncio.run(deps.flow.bind(_args()))
-    assert outcome.result == "failed" and outcome.error == 'bind failed: pods "p" not found'
+    assert outcome.result is binds.Result.FAILED and outcome.error == 'bind failed: pods "p" not found'
     # Undone before the answer: no resolver, nothing left behind.
     assert not deps.flow.live()
     assert cache.pod_state(P) is None
@@ -504,7 +503,7 @@ def test_definite_lock_failure_writes_nothing(cache: caches.ClusterCache) -> Non
     deps = fakes.make_deps(cache, binder)
     _remember(deps)
     outcome = asyncio.run(deps.flow.bind(_args()))
-    assert outcome.result == "failed" and outcome.error.startswith("lock failed")
+    assert outcome.result is binds.Result.FAILED and outcome.error.startswith("lock failed")
     assert _ops(binder) == ["lock"]
     assert cache.pod_state(P) is None and binder.locks == {} and binder.annotations == {}
 
@@ -524,11 +523,11 @@ def _queue_settings(queue_budget_s: float) -> config.Settings:
 
 @pytest.mark.parametrize(
     ("delay", "budget", "queued"),
-    [(0.05, 0.05, "busy"), (0.002, 0.5, "bound")],
+    [(0.05, 0.05, binds.Result.BUSY), (0.002, 0.5, binds.Result.BOUND)],
     ids=["held-past-the-deadline", "freed-in-time"],
 )
 def test_binds_to_one_node_queue_and_give_up_at_their_deadline(
-    cache: caches.ClusterCache, delay: float, budget: float, queued: str
+    cache: caches.ClusterCache, delay: float, budget: float, queued: binds.Result
 ) -> None:
     binder = fakes.FakeBinder()
     # Every API call takes ``delay``: the first bind holds n1's queue for 2 x delay (lock,
@@ -550,8 +549,8 @@ def test_binds_to_one_node_queue_and_give_up_at_their_deadline(
 
     p, q, r = asyncio.run(run())
     assert p.ok and r.ok  # another node's queue is not held up
-    assert q.result == queued
-    if queued == "busy":
+    assert q.result is queued
+    if queued is binds.Result.BUSY:
         assert "busy" in q.error
         assert cache.pod_state("default/q") is None  # its reservation is dropped
         assert binder.bound == {P: "n1", "default/r": "n2"}
@@ -677,7 +676,7 @@ def test_node_that_died_while_the_bind_waited_for_its_lock_gets_nothing(cache: c
     deps.flow.excluded = excluded
     _remember(deps)
     outcome = asyncio.run(deps.flow.bind(_args()))
-    assert outcome.result == "rejected" and "NodeHandshakeStale" in outcome.error
+    assert outcome.result is binds.Result.REJECTED and "NodeHandshakeStale" in outcome.error
     assert binder.locks == {} and binder.annotations == {} and binder.bound == {}
     assert cache.pod_state(P) is None
     assert fakes.usage(cache, "n1") == [(0, 0, 0), (0, 0, 0)]
@@ -710,7 +709,7 @@ def test_writes_are_not_started_once_the_commit_deadline_has_passed(cache: cache
     deps = fakes.make_deps(cache, binder, settings, truth=Slow())
     _remember(deps)
     outcome = asyncio.run(deps.flow.bind(_args()))
-    assert outcome.result == "failed" and "commit deadline" in outcome.error
+    assert outcome.result is binds.Result.FAILED and "commit deadline" in outcome.error
     assert binder.annotations == {} and binder.bound == {} and binder.locks == {}
     assert cache.pod_state(P) is None
 
@@ -740,7 +739,7 @@ def test_the_pod_a_leftover_lock_names_does_not_queue_behind_binds_waiting_for_t
     p, q, took = asyncio.run(run())
     assert p.ok and took < 0.5, (p, took)  # not behind q's 1 s lock wait
     assert binder.bound.get(P) == "n1"
-    assert q.ok or q.result == "failed"  # q either got the lock after the release or timed out
+    assert q.ok or q.result is binds.Result.FAILED  # q either got the lock after the release or timed out
     assert fakes.overcommitted(cache) == []
 
 
@@ -749,5 +748,5 @@ def test_bind_to_a_node_with_an_invalid_registration_names_that_reason(cache: ca
     deps = fakes.make_deps(cache, binder, invalid=["bad"])
     _remember(deps)
     outcome = asyncio.run(deps.flow.bind(_args(node_name="bad")))
-    assert outcome.result == "rejected" and "NodeRegistrationInvalid" in outcome.error
+    assert outcome.result is binds.Result.REJECTED and "NodeRegistrationInvalid" in outcome.error
     assert binder.locks == {} and binder.annotations == {}

@@ -20,10 +20,9 @@ from starlette.testclient import TestClient
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, pod_devices, registrations, resources
 from gpuslice.codec import locks as lockcodec
-from gpuslice.extender import config, feed, metrics
+from gpuslice.extender import config, feed, metrics, wire
 from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.http import app as apps
-from gpuslice.extender.http import wire
 from gpuslice.framework import logs
 from gpuslice.kube import claims, informer, objects
 from gpuslice.model import allocations, devices, status

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from gpuslice.codec import keys
-from gpuslice.extender import config
+from gpuslice.extender import config, wire
 from gpuslice.extender.http import app as apps
-from gpuslice.extender.http import httpserver, jsondepth, wire
+from gpuslice.extender.http import httpserver, jsondepth
 from tests.unit.builders import node
 from tests.unit.extender import fakes
 

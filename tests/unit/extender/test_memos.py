@@ -20,9 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from gpuslice.extender import config
+from gpuslice.extender import config, wire
 from gpuslice.extender.http import app as apps
-from gpuslice.extender.http import wire
 from gpuslice.framework import memo, scheduling
 from gpuslice.kube import events
 from tests.unit.builders import node

@@ -8,7 +8,8 @@ import pytest
 
 from gpuslice.codec import handshake, keys
 from gpuslice.codec import locks as lockcodec
-from gpuslice.extender.binding import leader, liveness, recovery
+from gpuslice.extender import recovery
+from gpuslice.extender.binding import leader, liveness
 from gpuslice.kube import lease, objects
 from gpuslice.model import status
 

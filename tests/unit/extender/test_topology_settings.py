@@ -1,6 +1,6 @@
 """The extender side of docs/topology.md: settings, the policy context, link requirements in filter.
 
-Runs on the real ``ClusterCache`` with a fixed clock injected through ``Policies.clock``.
+Runs on the real ``ClusterCache`` with a fixed clock injected through ``Profile.clock``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import pytest
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, linkreq, resources
-from gpuslice.extender import config
-from gpuslice.extender.http import wire
-from gpuslice.framework import logs, scheduling
+from gpuslice.extender import config, wire
+from gpuslice.framework import cycle, logs, profile, scheduling
 from gpuslice.model import nodes, requests, status
 from tests.unit.builders import alloc, bridged, node, uuid
 
@@ -39,8 +38,8 @@ def test_settings_defaults_flags_env_and_yaml(tmp_path: Path) -> None:
         config.validate({"telemetry_max_age_s": 0})
 
 
-def policies(node_policy: str = "balanced") -> scheduling.Policies:
-    built = scheduling.Policies.build(node_policy, "spread")
+def policies(node_policy: str = "balanced") -> profile.Profile:
+    built = profile.Profile.build(node_policy, "spread")
     return dataclasses.replace(built, job_label="job", telemetry_max_age_s=120.0, clock=lambda: NOW)
 
 
@@ -55,11 +54,11 @@ def test_context_carries_the_clock_the_job_and_where_its_pods_are() -> None:
         cache.upsert_node(node(name).gpus(2).inventory())
     cache.add_pod("ns/peer", "u1", alloc("b", ((uuid("b", 1), 1000, 0),)), job="label:train")
     snap = cache.snapshot()
-    ctx = scheduling.context(snap, _pod(labels=(("job", "train"),), owner="u-rs"), policies())
+    ctx = cycle.Cycle.of(policies(), snap, _pod(labels=(("job", "train"),), owner="u-rs")).ctx
     assert ctx.now == NOW and ctx.telemetry_max_age_s == 120.0 and ctx.job == "label:train"
     assert dict(ctx.job_nodes) == {"b": nodes.JobOnNode("label:train", 1, (1,))}
     assert snap.columns.telemetry_at.shape[0] >= 2  # the thermal age rule's per-row times
-    bare = scheduling.context(snap)  # callers without the pod: as before
+    bare = cycle.Cycle.of(profile.Profile.build("balanced", "spread"), snap, _pod()).ctx  # no clock, no job
     assert bare.now is None and bare.job == "" and not bare.job_nodes
 
 
@@ -70,11 +69,12 @@ def test_balanced_filter_and_prioritize_gather_a_job() -> None:
     cache.add_pod("ns/peer", "u1", alloc("b", ((uuid("b", 0), 1000, 0),)), job="owner:u-rs")
     pod = _pod(owner="u-rs")
     snap = cache.snapshot()
-    scores = scheduling.score_nodes(snap, pod, ["a", "b"], policies(), LOG)
+    scores = scheduling.score_nodes(cycle.Cycle.of(policies(), snap, pod), ["a", "b"], LOG)
     assert scores[1] > scores[0]  # b holds the job's other pod
-    loner = scheduling.score_nodes(snap, _pod(owner="u-other"), ["a", "b"], policies(), LOG)
+    loner = scheduling.score_nodes(cycle.Cycle.of(policies(), snap, _pod(owner="u-other")), ["a", "b"], LOG)
     # no pod of its job anywhere: like joins like, as for a pod without a job
-    assert loner.tolist() == scheduling.score_nodes(snap, _pod(), ["a", "b"], policies(), LOG).tolist()
+    alone = scheduling.score_nodes(cycle.Cycle.of(policies(), snap, _pod()), ["a", "b"], LOG)
+    assert loner.tolist() == alone.tolist()
     assert loner.tolist() != scores.tolist()
 
 
@@ -84,10 +84,10 @@ def test_stale_telemetry_in_the_extender() -> None:
         inv = node(name).gpus(1).telemetry(0, temperature_c=temp).inventory()
         cache.upsert_node(msgspec.structs.replace(inv, telemetry_at=NOW - 600))
     snap = cache.snapshot()
-    stale = scheduling.score_nodes(snap, _pod(), ["hot", "cool"], policies(), LOG)
+    stale = scheduling.score_nodes(cycle.Cycle.of(policies(), snap, _pod()), ["hot", "cool"], LOG)
     assert stale[0] == stale[1]
     fresh = dataclasses.replace(policies(), telemetry_max_age_s=3600.0)
-    scores = scheduling.score_nodes(snap, _pod(), ["hot", "cool"], fresh, LOG)
+    scores = scheduling.score_nodes(cycle.Cycle.of(fresh, snap, _pod()), ["hot", "cool"], LOG)
     assert scores[1] > scores[0]
 
 
@@ -116,12 +116,12 @@ def test_filter_with_a_link_requirement() -> None:
             },
         }
     )
-    out = scheduling.filter_nodes(cache.snapshot(), pod, ["bridged", "pcie"], policies("binpack"), LOG)
+    out = scheduling.filter_nodes(cycle.Cycle.of(policies("binpack"), cache.snapshot(), pod), ["bridged", "pcie"], LOG)
     assert out.feasible == []
     assert out.failed == {"bridged": status.NVLINK_REQUIRED}  # the pair is busy: preemption could help
     assert out.unresolvable == {"pcie": status.NVLINK_REQUIRED}
     cache.remove_pod("ns/x")
-    out = scheduling.filter_nodes(cache.snapshot(), pod, ["bridged", "pcie"], policies("binpack"), LOG)
+    out = scheduling.filter_nodes(cycle.Cycle.of(policies("binpack"), cache.snapshot(), pod), ["bridged", "pcie"], LOG)
     assert out.feasible == ["bridged"]
 
 

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from gpuslice.extender import config, render
-from gpuslice.extender.http import wire
+from gpuslice.extender import config, render, wire
 
 pytestmark = pytest.mark.unit
 

@@ -73,10 +73,9 @@ import numpy as np
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import pod_devices, resources
-from gpuslice.extender import listeners, metrics, tasks
+from gpuslice.extender import listeners, metrics, tasks, wire
 from gpuslice.extender.binding import binder as binders
 from gpuslice.extender.binding import failpoints, nodelock, requeue
-from gpuslice.extender.http import wire
 from gpuslice.framework import cycle as cycles
 from gpuslice.framework import logs, memo, view
 from gpuslice.framework import profile as profiles

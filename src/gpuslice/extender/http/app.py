@@ -42,10 +42,10 @@ from starlette.types import Receive, Scope, Send
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import resources
-from gpuslice.extender import config, metrics, tasks
+from gpuslice.extender import config, metrics, tasks, wire
 from gpuslice.extender import preemption as preemptions
 from gpuslice.extender.binding import bind as binds
-from gpuslice.extender.http import jsondepth, preempt, wire
+from gpuslice.extender.http import jsondepth, preempt
 from gpuslice.extender.ops import clusterview
 from gpuslice.extender.ops import shadow as shadows
 from gpuslice.framework import cycle as cycles
@@ -119,7 +119,7 @@ class Deps:
     """Nodes whose GPU registration does not decode (live view kept by the feed)."""
     excluded: Mapping[str, str]
     """Registered nodes not to place on now -> reason code (stale handshake, held lock)."""
-    pending: pendings.PendingPods = dataclasses.field(default_factory=pendings.PendingPods)
+    pending: pendings.PendingPods = dataclasses.field(default_factory=lambda: pendings.PendingPods(time.time))
     """GPU pods the filter found no node for (``extender.pending``); ``/explain`` and the UI read it."""
     read_pod: Callable[[str, str], Awaitable[objects.Pod | None]] | None = None
     """``(namespace, name)`` -> the pod (None: no such pod), for ``/explain`` of a pod not pending."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuslice.extender.http import wire
+from gpuslice.extender import wire
 from gpuslice.framework import cycle as cycles
 from gpuslice.framework import profile as profiles
 from gpuslice.framework import view

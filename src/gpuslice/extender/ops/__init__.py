@@ -1,1 +1,1 @@
-"""gpuslice.extender.ops."""
+"""Operator views: the cluster view (``/ui``) and shadow mode."""
