@@ -168,11 +168,17 @@ def serve_memory(port: int, pods: int, seed: int, node_policy: str, node_choice:
         clock=time.time,
         log=log,
         metrics=m,
+        # The only writer, always leading and synced: no truth check, no exclusions, no HAMi lock.
+        truth=binds.Trusting(),
+        leading=lambda: True,
+        synced=lambda: True,
+        excluded={},
+        lock_owner=lambda node: None,
         lock_wait_s=settings.lock_wait_s,
         bind_timeout_s=settings.bind_timeout_s,
         commit_deadline_s=settings.commit_deadline_s,
         sync_wait_s=settings.sync_wait_s,
-    )  # the only writer and always synced: Trusting truth, leading, no exclusions (the defaults)
+    )
     deps = apps.Deps(
         settings=settings,
         cache=cache,
@@ -181,6 +187,10 @@ def serve_memory(port: int, pods: int, seed: int, node_policy: str, node_choice:
         log=log,
         metrics=m,
         events=binds.NoEvents(),
+        follower=lambda: False,
+        follower_ready=True,
+        synced=lambda: True,
+        excluded={},
     )
     uvicorn.run(
         apps.create_app(deps),
