@@ -168,16 +168,6 @@ def _namespace(key: str) -> str:
     return sys.intern(key.split("/", 1)[0] if "/" in key else "default")
 
 
-def _totals(reservation: Reservation) -> tuple[int, int, int]:
-    """``allocations.charge_totals`` of a reservation tuple."""
-    count = memory = cores = 0
-    for _, r in reservation:
-        count += r.slots
-        memory += r.memory_mib
-        cores += r.cores
-    return count, memory, cores
-
-
 _SHARED_MAX = 65536
 """Distinct card usages (and grants) remembered for sharing; when full the table starts anew
 (held pods keep what they share), so churn over months cannot grow it without bound."""
@@ -297,7 +287,7 @@ class ClusterCache:
         charge is the full one (init peak included): a pod being bound has not run yet.
 
         ``now`` is accepted for symmetry with the other transitions (the TTL starts at
-        ``finish_binding``). Raises ValueError if the pod is already in the cache.
+        ``finish_binding``). A pod the cache holds already is refused (``ALREADY_CACHED``).
 
         A preemptor's own nomination (same key and UID) does not count against it: it is
         converted into the assumption in the same locked step, so its cards are never free in
@@ -307,7 +297,7 @@ class ClusterCache:
         key = sys.intern(key)
         with self._lock:
             if key in self._pods:
-                raise ValueError(f"pod {key} is already {self._pods[key].state.value}")
+                return _ALREADY_CACHED
             reservation = self._reservation(alloc, False)
             namespace = _namespace(key)
             own = self._nominations.get(key)
@@ -750,7 +740,7 @@ class ClusterCache:
         limits = self._limits.get(namespace)
         if limits is not None:
             used = self._ns_used.get(namespace, (0, 0, 0))
-            if not limits.plus(*used).admits(*_totals(reservation)):
+            if not limits.plus(*used).admits(*allocations.charge_totals(reservation)):
                 return status.Status(status.Code.UNSCHEDULABLE, (status.QUOTA_EXCEEDED,))
         return status.SUCCESS
 
@@ -764,7 +754,7 @@ class ClusterCache:
                 on.discard(pod.key)
                 if not on:
                     del self._by_node[pod.alloc.node]
-        c, m, k = _totals(pod.reservation)
+        c, m, k = allocations.charge_totals(pod.reservation)
         used = self._ns_used.get(pod.namespace)
         if used is None:
             used = self._ns_used[pod.namespace] = [0, 0, 0]
@@ -813,3 +803,4 @@ class ClusterCache:
 
 
 _NO_SELECTORS = requests.NO_SELECTORS
+_ALREADY_CACHED = status.Status(status.Code.UNRESOLVABLE, (status.ALREADY_CACHED,))

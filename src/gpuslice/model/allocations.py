@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import msgspec
 
@@ -101,15 +101,19 @@ def card_reservation(alloc: PodAllocation, inits_done: bool = False) -> dict[str
 _NONE = (0, 0, 0)
 
 
-def charge_totals(reservation: Mapping[str, nodes.CardUsage]) -> tuple[int, int, int]:
+def charge_totals(
+    reservation: Mapping[str, nodes.CardUsage] | Iterable[tuple[str, nodes.CardUsage]],
+) -> tuple[int, int, int]:
     """Namespace quota usage of a reservation: (count, memory MiB, cores).
 
     count is the slots summed over cards, memory and cores are summed over cards. This and
     ``card_reservation`` are what the cluster cache charges a namespace, and what the filter
-    checks a namespace's quota with.
+    checks a namespace's quota with. ``reservation``: UUID -> usage, or its ``(uuid, usage)``
+    pairs (the cache keeps a pod's reservation as a sorted tuple of them).
     """
+    usages = reservation.values() if isinstance(reservation, Mapping) else (r for _, r in reservation)
     count = memory = cores = 0
-    for r in reservation.values():
+    for r in usages:
         count += r.slots
         memory += r.memory_mib
         cores += r.cores

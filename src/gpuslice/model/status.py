@@ -89,12 +89,21 @@ ALL_REASONS: tuple[str, ...] = (
     FOREIGN_CLAIM_HELD,
 )
 
+ALREADY_CACHED = "AlreadyCached"
+"""The cache refuses to assume a pod it holds already (the watch confirmed it, or another bind of
+it is in flight). A refusal of the pod, not of a node, so it is not in ``ALL_REASONS``."""
+
 
 class Status(msgspec.Struct, frozen=True):
-    """A node's filter outcome: a code and the reasons behind it (empty on success)."""
+    """An outcome: a code, the reasons behind it (empty on success) and, where one is said, a message.
+
+    A node's filter outcome has no message; a refused pod request (``invalid_request``) carries
+    the parser's words in ``message``.
+    """
 
     code: Code = Code.SUCCESS
     reasons: tuple[str, ...] = ()
+    message: str = ""
 
     @property
     def ok(self) -> bool:
@@ -103,3 +112,8 @@ class Status(msgspec.Struct, frozen=True):
 
 
 SUCCESS = Status()
+
+
+def invalid_request(message: str) -> Status:
+    """A pod whose GPU request does not parse: unresolvable on every node, ``message`` says why."""
+    return Status(Code.UNRESOLVABLE, (INVALID_REQUEST,), message)

@@ -11,7 +11,7 @@ from gpuslice.cache import cache as cache_mod
 from gpuslice.cache import shapes
 from gpuslice.model import allocations, nodes, status
 from gpuslice.model import config as model_config
-from gpuslice.policy import quota, registry
+from gpuslice.policy import api, quota
 from tests.unit.builders import alloc, node, uuid
 
 pytestmark = pytest.mark.unit
@@ -105,11 +105,14 @@ def test_state_machine(steps: list[Step], final: cache_mod.PodState | None, mem0
     assert c.snapshot().nodes["n"].usage[0].memory_mib == mem0
 
 
-def test_assume_twice_raises() -> None:
+def test_assume_twice_is_refused() -> None:
     c = fresh()
     assert c.assume(KEY, "u", ALLOC, 0.0).ok
-    with pytest.raises(ValueError, match="already assumed"):
-        c.assume(KEY, "u", ALLOC, 0.0)
+    before = c.snapshot()
+    again = c.assume(KEY, "u", ALLOC, 0.0)
+    assert again == status.Status(status.Code.UNRESOLVABLE, (status.ALREADY_CACHED,))
+    assert c.snapshot() is before  # nothing charged twice
+    assert c.pod_state(KEY) is cache_mod.PodState.ASSUMED
 
 
 def test_expire_returns_keys() -> None:
@@ -197,7 +200,7 @@ def test_snapshot_rebuilds_only_changed_nodes_and_is_immutable() -> None:
 def test_workload_or_quota_change_shares_node_views() -> None:
     c = fresh()
     s1 = c.snapshot()
-    c.observe_request(registry.Shape(0, 500, 1))
+    c.observe_request(api.Shape(0, 500, 1))
     c.set_quota("ns", quota.QuotaView(count_limit=1))
     s2 = c.snapshot()
     assert s2.generation > s1.generation
@@ -265,8 +268,8 @@ def test_workload_histogram_decays_and_normalises() -> None:
         shapes.ShapeHistogram(model_config.WorkloadSettings(decay=0.5, min_count=1, drift=0.0))
     )
     assert c.snapshot().workload is None
-    small = registry.Shape(0, 500, 1)
-    whole = registry.Shape(0, 1000, 1)
+    small = api.Shape(0, 500, 1)
+    whole = api.Shape(0, 1000, 1)
     c.observe_request(small)
     c.observe_request(whole)
     # small: 1 * 0.5 = 0.5, whole: 1 -> weights 1/3, 2/3
@@ -279,7 +282,7 @@ def test_workload_histogram_decays_and_normalises() -> None:
 def test_histogram_is_bounded() -> None:
     h = shapes.ShapeHistogram(model_config.WorkloadSettings(decay=1.0, min_count=1), max_shapes=3)
     for k in range(10):
-        h.observe(registry.Shape(0, k, 1))
+        h.observe(api.Shape(0, k, 1))
     w = h.workload()
     assert w is not None
     assert len(w.shapes) == 3

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gpuslice.cache import cache as cache_mod
-from gpuslice.model import allocations, devices, nodes
+from gpuslice.model import allocations, devices, nodes, status
 from gpuslice.policy import quota
 
 pytestmark = pytest.mark.unit
@@ -74,8 +74,8 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(KEYS), alloc=allocs)
     def assume(self, key: str, alloc: allocations.PodAllocation) -> None:
         if key in self.pods:
-            with pytest.raises(ValueError):
-                self.cache.assume(key, key, alloc, self.now)
+            refused = self.cache.assume(key, key, alloc, self.now)
+            assert refused.reasons == (status.ALREADY_CACHED,) and not refused.ok
             return
         if self.cache.assume(key, key, alloc, self.now).ok:
             self.pods[key] = (alloc, cache_mod.PodState.ASSUMED, None)

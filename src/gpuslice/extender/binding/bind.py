@@ -551,9 +551,8 @@ class BindFlow:
                 Result.NO_FIT, f"pod no longer fits node {node}: {','.join(placement.status.reasons)}"
             )
         alloc = placement.allocation
-        try:
-            verdict = self.cache.assume(key, uid, alloc, self.clock(), pod.job(self.policies.job_label))
-        except ValueError:
+        verdict = self.cache.assume(key, uid, alloc, self.clock(), pod.job(self.policies.job_label))
+        if verdict.reasons == (status.ALREADY_CACHED,):
             # Already in the cache: confirmed by the watch, or another bind of it is in flight.
             return Outcome(Result.HELD, f"pod {key} already holds an allocation")
         if not verdict.ok:
