@@ -139,7 +139,8 @@ class Preemption:
         metrics_: preemption and eviction counters.
         log: logger.
         pods: the pod watch's store (priorities, preemptors that went away).
-        leading: True while this replica leads (only the leader preempts).
+        leading: True while this replica leads (only the leader preempts); required, so the gate
+            is never open by default.
         ttl_s: how long a nomination holds the freed cards.
         clock: wall clock for nomination deadlines.
         evict: how a victim is evicted (default: the Eviction API through ``kube``).
@@ -156,7 +157,8 @@ class Preemption:
         metrics_: metrics.Metrics,
         log: logs.Log,
         pods: Pods,
-        leading: Callable[[], bool] = lambda: True,
+        *,
+        leading: Callable[[], bool],
         ttl_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         evict: Callable[[victims.Resident], Awaitable[evictions.Result]] | None = None,

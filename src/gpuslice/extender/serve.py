@@ -146,7 +146,15 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     preempting = None  # GPU-aware preemption (docs/preemption.md), on unless --preemption false
     if settings.preemption:
         preempting = preemptions.Preemption(
-            kube, cache, policies, events, m, log, source.pod, lead.is_leading, settings.nomination_ttl_s
+            kube,
+            cache,
+            policies,
+            events,
+            m,
+            log,
+            source.pod,
+            leading=lead.is_leading,
+            ttl_s=settings.nomination_ttl_s,
         )
 
     label = pod_label(settings, kube, log)  # the Service's way to the leader (lease mode)
