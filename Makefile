@@ -19,11 +19,14 @@ REPLAY_LOADS ?= 0.8,0.9,0.95,1.0
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements.lock
+# gpuslice, then the development harness gpuslice-dev (dev/: the control plane, nodes, device plugin
+# and images the tests run), editable from this checkout: it never ships in the wheel or the image
+$(STAMP): pyproject.toml dev/pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q --no-deps -e dev
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -33,8 +36,8 @@ run: $(STAMP)
 	  --replay-policy $(REPLAY_POLICIES) --replay-seeds $(REPLAY_SEEDS) --load $(REPLAY_LOADS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src dev/src tests bench
+	$(VENV)/bin/ruff format --check src dev/src tests bench
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
@@ -52,7 +55,7 @@ helm:
 
 # README's values table from charts/gpuslice/values.yaml (tests/integration/test_chart.py checks it)
 chart-docs: $(STAMP)
-	$(PY) -m gpuslice.devcluster.chartvalues charts/gpuslice/values.yaml README.md
+	$(PY) -m gpuslice_dev.chartvalues charts/gpuslice/values.yaml README.md
 
 test-integration: $(STAMP) control-plane helm
 	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \

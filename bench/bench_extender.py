@@ -348,8 +348,8 @@ def _warm(raw: RawClient, batches: list[list[str]], workload_period_s: float) ->
 
 def latency_one(policy: str, reps: int, pods: int, seed: int, node_choice: str | None) -> dict[str, Any]:
     """(a) and (c) for one node policy: start its server, warm it, time filter + prioritize."""
-    from gpuslice.devcluster import devcluster
     from gpuslice.extender import config
+    from gpuslice_dev import devcluster
 
     port = devcluster.free_port()
     cmd = [sys.executable, __file__, "_serve", "--port", str(port), "--pods", str(pods), "--seed", str(seed)]
@@ -663,8 +663,8 @@ def throughput_size(
     """(b) at one size: kube-scheduler alone vs with gpuslice, alternating, in one control plane."""
     import yaml
 
-    from gpuslice.devcluster import devcluster
-    from gpuslice.devcluster.controlplane import ControlPlane
+    from gpuslice_dev import devcluster
+    from gpuslice_dev.controlplane import ControlPlane
 
     cp = ControlPlane()
     cp.start()

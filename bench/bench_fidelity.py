@@ -35,8 +35,8 @@ import tempfile
 from rich.console import Console
 from rich.table import Table
 
-from gpuslice.devcluster import fidelity as cluster_fidelity
 from gpuslice.sim import fidelity
+from gpuslice_dev import fidelity as cluster_fidelity
 
 OUT = pathlib.Path("out")
 TARGET_DELTA_PP = 0.3

@@ -45,8 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import bench_extender
-from gpuslice.devcluster import devcluster, hostile
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev import devcluster, hostile
+from gpuslice_dev.controlplane import ControlPlane
 
 OUT = pathlib.Path("out")
 NODES = ("fuzz-0", "fuzz-1")

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from gpuslice.codec import keys
-from gpuslice.devcluster import devcluster, nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import objects
+from gpuslice_dev import devcluster, nodesim
+from gpuslice_dev.controlplane import ControlPlane
 
 OUT = pathlib.Path("out")
 SCHEDULER = "gpuslice-scheduler"

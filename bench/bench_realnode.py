@@ -50,8 +50,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuslice.devcluster import devcluster, nodeplugins, realnode
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev import devcluster, nodeplugins, realnode
+from gpuslice_dev.controlplane import ControlPlane
 
 SCHEDULER = "gpuslice-scheduler"
 MACHINE = "a100-8-2numa"
@@ -233,7 +233,7 @@ def save(args: argparse.Namespace, costs: dict[str, Any], results: dict[str, lis
         "pods": args.pods,
         "reps": args.reps,
         "machine": MACHINE,
-        "plugin": str(args.plugin or "gpuslice device-plugin"),
+        "plugin": str(args.plugin or "gpuslice-dev device-plugin"),
         "node_cost": costs,
         "results": results,
     }
@@ -331,7 +331,7 @@ def report(path: pathlib.Path) -> int:
     saved = json.loads(path.read_text())
     print(
         f"\n{saved['pods']}-pod bursts, {saved['reps']} per configuration, 2 real nodes ({saved['machine']}, "
-        f"device plugin: {saved.get('plugin', 'gpuslice device-plugin')}); medians over bursts"
+        f"device plugin: {saved.get('plugin', 'gpuslice-dev device-plugin')}); medians over bursts"
     )
     header = f"{'configuration':42s} {'bound/s':>8s} {'running/s':>9s} {'lat p50':>8s} {'lat p90':>8s}"
     print(header + f" {'bind ms':>8s} {'lock waits':>10s}  pods per node")

@@ -16,9 +16,9 @@ import statistics
 import time
 from typing import Any
 
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, kinds
+from gpuslice_dev.controlplane import ControlPlane
 
 NS = "bench"
 ANNOTATIONS = {

@@ -177,7 +177,7 @@ RUNNING_STATUS = {
 
 def control_plane(workdir: pathlib.Path) -> Any:
     """etcd + kube-apiserver on ``workdir`` (kept: a second start finds the pods again)."""
-    from gpuslice.devcluster.controlplane import ControlPlane
+    from gpuslice_dev.controlplane import ControlPlane
 
     return ControlPlane(workdir=workdir, startup_timeout=300)
 
@@ -208,9 +208,9 @@ async def _run_pool(n: int, concurrency: int, job: Any, label: str) -> float:
 
 async def populate(kube: Any, nodes: int, pods: int, concurrency: int = 64) -> dict[str, Any]:
     """Create the namespace, ``nodes`` fake GPU nodes and ``pods`` bound running pods (idempotent)."""
-    from gpuslice.devcluster import nodesim
     from gpuslice.kube import client as kclient
     from gpuslice.kube import errors
+    from gpuslice_dev import nodesim
 
     with_ns = await kube.request("GET", "/api/v1/namespaces", params={"fieldSelector": f"metadata.name={NS}"})
     if not json.loads(with_ns.content)["items"]:
@@ -442,7 +442,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 async def _create_batch(
     kube: Any, first: int, n: int, nodes: int, annotations: dict[str, str] | None
 ) -> None:
-    from gpuslice.devcluster import nodesim
+    from gpuslice_dev import nodesim
 
     async def one(i: int) -> None:
         await kube.request(
@@ -482,8 +482,8 @@ def _settled_rss(pid: int, quiet_s: float = 3.0, timeout_s: float = 60.0) -> dic
 
 async def rss(cp: Any, nodes: int, pods: int, src: str = "", extra: int = 200) -> dict[str, Any]:
     """(b) and (c): a ``gpuslice serve`` on the populated apiserver (``src``: from that tree)."""
-    from gpuslice.devcluster import devcluster
     from gpuslice.kube import client as kclient
+    from gpuslice_dev import devcluster
 
     log = OUT / "bench_scale_serve.log"
     OUT.mkdir(exist_ok=True)
@@ -559,7 +559,7 @@ def synth(path: pathlib.Path, template: pathlib.Path | None, nodes: int, pods: i
     import msgspec
 
     from gpuslice.codec import keys, registrations
-    from gpuslice.devcluster import nodesim
+    from gpuslice_dev import nodesim
 
     if template is None:
         raise SystemExit("synth needs --template: one pod's JSON as the apiserver returns it")

@@ -1,6 +1,6 @@
 """Take ``docs/img/cluster-view.png``: the cluster view of a small dev cluster with a few pods.
 
-Starts what ``gpuslice dev-cluster`` starts (etcd, kube-apiserver, kube-scheduler, ``gpuslice
+Starts what ``gpuslice-dev dev-cluster`` starts (etcd, kube-apiserver, kube-scheduler, ``gpuslice
 serve``, fake GPU nodes), with four mixed nodes: one card cordoned (``hami.io/device-cordon``), one
 registered unhealthy, and one node whose device plugin goes away after the pods are placed (the
 extender excludes it, ``NodeHandshakeStale``). It binds a dozen pods of three teams, leaves one pod
@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from gpuslice.codec import keys, registrations
-from gpuslice.devcluster import browser, controlplane, devcluster, nodesim
+from gpuslice_dev import browser, controlplane, devcluster, nodesim
 
 A100 = "NVIDIA A100-SXM4-80GB"
 H100 = "NVIDIA H100 80GB HBM3"

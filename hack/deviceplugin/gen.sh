@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Regenerate gpuslice's Python gRPC code for kubelet's device-plugin API (v1beta1).
+# Regenerate the dev harness's (gpuslice-dev) Python gRPC code for kubelet's device-plugin API (v1beta1).
 #
-# Why: `gpuslice device-plugin` speaks kubelet's device-plugin gRPC API, whose published schema
+# Why: `gpuslice-dev device-plugin` speaks kubelet's device-plugin gRPC API, whose published schema
 # is api.proto in the Go module k8s.io/kubelet (pkg/apis/deviceplugin/v1beta1). The generated
 # modules are committed, so a fresh machine never runs this; rerun it only to follow a new
 # Kubernetes version (hack/control-plane/versions.env) or a new grpcio-tools.
@@ -24,8 +24,8 @@ source "$ROOT/hack/control-plane/versions.env"
 : "${K8S_VERSION:?versions.env must set K8S_VERSION}"
 KUBELET_VERSION=v0.${K8S_VERSION#v1.}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
-PKG=gpuslice/devcluster/deviceplugin/v1beta1
-OUT=$ROOT/src
+PKG=gpuslice_dev/deviceplugin/v1beta1
+OUT=$ROOT/dev/src
 PROTO_IN=pkg/apis/deviceplugin/v1beta1/api.proto
 
 log() { echo "gen.sh: $*" >&2; }

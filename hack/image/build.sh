@@ -9,7 +9,7 @@
 #                                 /usr/local/bin/kube-scheduler, named registry.k8s.io/kube-scheduler:
 #                                 <K8S_VERSION>, standing in for the upstream image
 #   images.json                   per image: reference, archive, digest, layers, sizes, config user
-#                                 (src/gpuslice/devcluster/imagearchive.py)
+#                                 (dev/src/gpuslice_dev/imagearchive.py)
 #
 # A node imports them with `ctr -n k8s.io images import FILE`, after which pods name them as a pull
 # would have left them (imagePullPolicy IfNotPresent or Never).
@@ -136,7 +136,7 @@ ensure_base_in_storage() {
 
 # ------------------------------------------------------------------------------ kube-scheduler
 # build_scheduler DIR: the kube-scheduler image. buildah from scratch rather than
-# src/gpuslice/devcluster/ociimage.py: the same builder and archive format as the gpuslice image
+# dev/src/gpuslice_dev/ociimage.py: the same builder and archive format as the gpuslice image
 # (gzip layers, labels and config set by `buildah config`), and no Python package needed here. The
 # upstream image is a distroless static base plus the binary; this keeps what kube-scheduler can use
 # of that: /tmp, /etc/passwd and /etc/group (root, nonroot 65532). No user is set, as upstream.
@@ -276,7 +276,7 @@ if ! outputs_ok "$OUT"; then
     log "gpuslice image built in $((SECONDS - start)) s"
     ln "$SCHEDULER_DIR/kube-scheduler-image.oci.tar" "$tmp/out/" 2>/dev/null ||
         cp "$SCHEDULER_DIR/kube-scheduler-image.oci.tar" "$tmp/out/"
-    PYTHONPATH=$REPO/src "$PYTHON" -m gpuslice.devcluster.imagearchive "$tmp/out/images.json" \
+    PYTHONPATH=$REPO/dev/src "$PYTHON" -m gpuslice_dev.imagearchive "$tmp/out/images.json" \
         "gpuslice=$tmp/out/gpuslice-image.oci.tar" "kube-scheduler=$tmp/out/kube-scheduler-image.oci.tar"
     rm -rf "$OUT"
     mv -T "$tmp/out" "$OUT"

@@ -2,7 +2,8 @@
 
 Layers (enforced by import-linter, see pyproject.toml):
 ``model`` (frozen types) -> ``codec`` / ``policy`` (pure) -> ``cache`` (the only mutable state)
--> ``kube`` (all API I/O) -> ``extender``, ``agent``, ``sim``, ``devcluster`` -> ``cli``.
+-> ``kube`` (all API I/O) -> ``extender``, ``agent``, ``sim`` -> ``cli``. What runs in a cluster
+only: the development harness is the separate ``gpuslice_dev`` package (``dev/``), never imported here.
 """
 
 __version__ = "0.1.0"

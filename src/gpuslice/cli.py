@@ -16,19 +16,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("gpuslice.agent.cli", "node agent: publish GPU topology, health and telemetry from NVML"),
     "serve": ("gpuslice.extender.serve", "run the scheduler extender HTTP service kube-scheduler calls"),
     "render": ("gpuslice.extender.render", "print generated configuration (scheduler-config)"),
-    "dev-cluster": (
-        "gpuslice.devcluster.devcluster",
-        "local control plane + kube-scheduler + gpuslice + fake GPU nodes",
-    ),
     "webhook": ("gpuslice.webhook.serve", "admission webhook: default and validate GPU pods"),
-    "device-plugin": (
-        "gpuslice.devcluster.deviceplugin.cli",
-        "HAMi-compatible NVIDIA device plugin on kubelet's device-plugin API (v1beta1)",
-    ),
     "explain": ("gpuslice.explaincli", "why a GPU pod fits or not, per node and per card"),
     "shadow": ("gpuslice.sim.shadowreport", "shadow mode: re-play the extender's shadow record (report)"),
 }
-"""Subcommand name -> (module, one-line help). Other tools add their line here."""
+"""Subcommand name -> (module, one-line help). Other tools add their line here.
+
+What runs in a cluster only: the development harness (``dev-cluster``, ``device-plugin``) is the
+``gpuslice-dev`` command of the ``gpuslice-dev`` distribution (``dev/``), which this package never
+imports.
+"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,9 +36,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, node_inventory, pod_devices, podspec
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import objects
 from gpuslice.model import allocations, devices
+from gpuslice_dev.controlplane import ControlPlane
 
 MiB = 1 << 20
 GPU = "nvidia.com/gpu"

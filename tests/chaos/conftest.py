@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from gpuslice.codec import keys, registrations
-from gpuslice.devcluster import devcluster, nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.model import devices
+from gpuslice_dev import devcluster, nodesim
+from gpuslice_dev.controlplane import ControlPlane
 from tests.chaos import audit
 
 SCHEDULER = "gpuslice-chaos"

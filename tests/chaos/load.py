@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev.controlplane import ControlPlane
 
 SHAPES = ("fraction", "whole", "multi", "percentage")
 DEFAULT_WEIGHTS: Mapping[str, float] = {"fraction": 0.45, "whole": 0.15, "multi": 0.15, "percentage": 0.25}

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gpuslice.devcluster import devcluster
+from gpuslice_dev import devcluster
 from tests.chaos import load
 from tests.chaos.conftest import SCHEDULER, WORK_NODES, Chaos
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gpuslice.codec import keys, pod_devices, registrations
-from gpuslice.devcluster import nodesim
 from gpuslice.model import allocations
+from gpuslice_dev import nodesim
 from tests.chaos import audit
 
 pytestmark = pytest.mark.chaos

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gpuslice.devcluster import devcluster
+from gpuslice_dev import devcluster
 from tests.chaos import load
 from tests.chaos.conftest import (
     LEASE_DURATION_S,

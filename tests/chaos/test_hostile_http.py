@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from gpuslice.devcluster import devcluster, hostile
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev import devcluster, hostile
+from gpuslice_dev.controlplane import ControlPlane
 
 pytestmark = pytest.mark.chaos
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpuslice.codec import keys
-from gpuslice.devcluster import devcluster
+from gpuslice_dev import devcluster
 from tests.chaos import load
 from tests.chaos.conftest import NOBODY, SCHEDULER, SOLO, SOLO_TOLERATION, Chaos, post_json
 

@@ -10,7 +10,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuslice.devcluster import podrun
+from gpuslice_dev import podrun
 
 
 def free_ports(n: int) -> list[int]:

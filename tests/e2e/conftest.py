@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from gpuslice.codec import keys
-from gpuslice.devcluster import devcluster, nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.model import devices
+from gpuslice_dev import devcluster, nodesim
+from gpuslice_dev.controlplane import ControlPlane
 
 SCHEDULER = "gpuslice-scheduler"
 A100 = "NVIDIA A100-SXM4-80GB"

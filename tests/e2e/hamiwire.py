@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev.controlplane import ControlPlane
 
 NODE_REGISTER = "hami.io/node-nvidia-register"
 NODE_LOCK = "hami.io/mutex.lock"

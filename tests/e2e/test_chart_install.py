@@ -32,8 +32,9 @@ from typing import Any
 
 import pytest
 
-from gpuslice.devcluster import chart, devcluster, podrun
-from gpuslice.devcluster.controlplane import REPO_ROOT, ControlPlane, binaries_dir
+from gpuslice_dev import chart, devcluster, podrun
+from gpuslice_dev.controlplane import ControlPlane, binaries_dir
+from gpuslice_dev.paths import REPO_ROOT
 from tests.e2e import chartrun
 
 pytestmark = pytest.mark.e2e

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.devcluster import fidelity as cluster_fidelity
 from gpuslice.sim import fidelity
+from gpuslice_dev import fidelity as cluster_fidelity
 
 pytestmark = pytest.mark.e2e
 

@@ -48,8 +48,9 @@ from typing import Any
 
 import pytest
 
-from gpuslice.devcluster import chart, devcluster, podrun
-from gpuslice.devcluster.controlplane import REPO_ROOT, ControlPlane, binaries_dir
+from gpuslice_dev import chart, devcluster, podrun
+from gpuslice_dev.controlplane import ControlPlane, binaries_dir
+from gpuslice_dev.paths import REPO_ROOT
 from tests.e2e import chartrun, gpuaudit, hamiwire
 from tests.e2e.hamiwire import Grant
 

@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.codec import keys
-from gpuslice.devcluster import controlplane, devcluster
+from gpuslice_dev import controlplane, devcluster
 from tests import pki
 from tests.e2e.conftest import NODES, Cluster, inventory
 

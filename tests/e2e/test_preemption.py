@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from gpuslice.codec import keys, pod_devices
-from gpuslice.devcluster import devcluster, nodesim
+from gpuslice_dev import devcluster, nodesim
 from tests.e2e.conftest import A100, SCHEDULER, Cluster
 
 pytestmark = pytest.mark.e2e

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from gpuslice.codec import keys, pod_devices
-from gpuslice.devcluster import devcluster, nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev import devcluster, nodesim
+from gpuslice_dev.controlplane import ControlPlane
 from tests.e2e.conftest import SCHEDULER, Cluster
 
 pytestmark = pytest.mark.e2e

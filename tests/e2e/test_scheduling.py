@@ -320,7 +320,7 @@ def test_serve_over_tls(e2e_cluster: Cluster, tmp_path: pathlib.Path) -> None:
     import subprocess
     import urllib.request
 
-    from gpuslice.devcluster import devcluster
+    from gpuslice_dev import devcluster
 
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     subprocess.run(

@@ -21,7 +21,7 @@ import pytest
 from playwright.sync_api import Page
 
 from gpuslice.codec import keys, pod_devices
-from gpuslice.devcluster import browser
+from gpuslice_dev import browser
 from tests.chaos import audit
 from tests.e2e.conftest import Cluster
 

@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
-from gpuslice.devcluster import clusterhost, fakenvml, images, realnode
-from gpuslice.devcluster.controlplane import REPO_ROOT, ControlPlane
+from gpuslice_dev import clusterhost, fakenvml, images, realnode
+from gpuslice_dev.controlplane import ControlPlane
+from gpuslice_dev.paths import REPO_ROOT
 from tests.chaos import audit
 from tests.node.conftest import plugin_command
 from tests.node.pods import PodOps

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import client as kclient
+from gpuslice_dev.controlplane import ControlPlane
 
 
 @pytest.fixture(scope="session")

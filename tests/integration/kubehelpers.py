@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev.controlplane import ControlPlane
 
 NODE_ALLOCATABLE = {"cpu": "96", "memory": "384Gi", "pods": "110"}
 

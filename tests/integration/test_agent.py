@@ -20,9 +20,9 @@ import pytest
 
 from gpuslice.agent import cli, fake, metrics, service
 from gpuslice.codec import keys
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import client as kclient
 from gpuslice.kube import nodes as kube_nodes
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import extcache
 from tests.integration import kubehelpers as h
 

@@ -29,9 +29,9 @@ import pytest
 
 from gpuslice.agent import collect, fake, metrics, nvml, service
 from gpuslice.codec import keys, registrations, telemetry
-from gpuslice.devcluster import fakenvml
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import nodes as kube_nodes
+from gpuslice_dev import fakenvml
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
 
 pytestmark = pytest.mark.integration

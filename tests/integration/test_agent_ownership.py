@@ -25,8 +25,8 @@ import pytest
 
 from gpuslice.agent import cli, fake, metrics, ownership, service
 from gpuslice.codec import keys
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import nodes as kube_nodes
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
 
 pytestmark = pytest.mark.integration

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslice.devcluster import chart, chartvalues
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev import chart, chartvalues
+from gpuslice_dev.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslice.devcluster import chart
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev import chart
+from gpuslice_dev.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

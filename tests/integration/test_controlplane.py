@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 import pytest
 import yaml
 
-from gpuslice.devcluster.controlplane import USER_NAME, ControlPlane, pinned_versions
+from gpuslice_dev.controlplane import USER_NAME, ControlPlane, pinned_versions
 
 pytestmark = pytest.mark.integration
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from gpuslice.codec import keys, pod_devices
-from gpuslice.devcluster import devcluster, nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import binding, locks, pods
 from gpuslice.kube import client as kclient
 from gpuslice.model import allocations
+from gpuslice_dev import devcluster, nodesim
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
 
 pytestmark = pytest.mark.integration

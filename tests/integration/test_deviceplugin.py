@@ -1,6 +1,6 @@
 """The device plugin process against a real kube-apiserver: HAMi's Allocate handshake end to end.
 
-The plugin runs as ``python -m gpuslice.devcluster.deviceplugin`` (fake ``a40-2`` cards, a temp
+The plugin runs as ``python -m gpuslice_dev.deviceplugin`` (fake ``a40-2`` cards, a temp
 socket dir with no kubelet, temp host dirs) and the test plays kubelet's ``Allocate`` over gRPC on
 the plugin's socket. Pods carry what gpuslice writes at bind (``pod_devices.bind_annotations``),
 the node lock is taken as the extender takes it (``kube.locks.acquire``) and the pod is bound.
@@ -33,11 +33,11 @@ import pytest
 
 from gpuslice.agent import fake
 from gpuslice.codec import keys, pod_devices, registrations
-from gpuslice.devcluster.controlplane import ControlPlane
-from gpuslice.devcluster.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpuslice.kube import binding, locks, pods
 from gpuslice.kube import client as kclient
 from gpuslice.model import allocations
+from gpuslice_dev.controlplane import ControlPlane
+from gpuslice_dev.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from tests.integration import kubehelpers as h
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -79,7 +79,7 @@ async def plugin_process(control_plane: ControlPlane, node: str) -> AsyncIterato
     argv = [
         sys.executable,
         "-m",
-        "gpuslice.devcluster.deviceplugin",
+        "gpuslice_dev.deviceplugin",
         f"--node-name={node}",
         f"--kubeconfig={control_plane.kubeconfig}",
         f"--backend=fake:{SHAPE}",

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import client as kclient
 from gpuslice.kube import evictions
 from gpuslice.policy import victims
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

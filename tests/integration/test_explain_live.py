@@ -18,11 +18,11 @@ import pytest
 
 from gpuslice import explaincli
 from gpuslice.codec import keys, pod_devices
-from gpuslice.devcluster import nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.framework import explain
 from gpuslice.kube import client as kclient
 from gpuslice.model import allocations
+from gpuslice_dev import nodesim
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
 from tests.integration.conftest import unique
 

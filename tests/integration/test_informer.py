@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from gpuslice.codec import keys
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, kinds, objects
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
 from tests.integration.conftest import unique
 

@@ -18,11 +18,11 @@ import pytest
 
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import keys, pod_devices
-from gpuslice.devcluster import nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, pods, sync
 from gpuslice.model import allocations, nodes
+from gpuslice_dev import nodesim
+from gpuslice_dev.controlplane import ControlPlane
 from tests.chaos import audit
 from tests.integration import kubehelpers as h
 from tests.integration.conftest import unique

@@ -18,10 +18,10 @@ from lightkube.resources.core_v1 import Node
 
 from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.extender.binding import binder as binders
 from gpuslice.kube import binding, errors, locks, pods
 from gpuslice.kube import client as kclient
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

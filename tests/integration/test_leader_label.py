@@ -25,8 +25,8 @@ from typing import IO
 
 import pytest
 
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.extender.binding import leaderlabel
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers
 
 pytestmark = pytest.mark.integration

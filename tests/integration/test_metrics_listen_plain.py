@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

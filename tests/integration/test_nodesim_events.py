@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from gpuslice.codec import keys, pod_devices, registrations
-from gpuslice.devcluster import nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import binding, events, locks, pods
 from gpuslice.kube import client as kclient
 from gpuslice.model import allocations
+from gpuslice_dev import nodesim
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from gpuslice.devcluster import controlplane
-from gpuslice.devcluster.controlplane import ControlPlane
-from gpuslice.devcluster.podrun import PodRunError, PodRunner, PodSpecError
+from gpuslice_dev import controlplane
+from gpuslice_dev.controlplane import ControlPlane
+from gpuslice_dev.podrun import PodRunError, PodRunner, PodSpecError
 from tests.integration.conftest import unique
 from tests.integration.kubehelpers import NODE_ALLOCATABLE
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from gpuslice.cache import cache as caches
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.extender import config, feed, metrics
 from gpuslice.framework import logs
 from gpuslice.kube import client as kclient
 from gpuslice.policy import quota as quotas
+from gpuslice_dev.controlplane import ControlPlane
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

@@ -18,13 +18,13 @@ import pytest
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.cache import shapes
 from gpuslice.codec import keys, pod_devices
-from gpuslice.devcluster import nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events, pods, sync
 from gpuslice.model import allocations, status
 from gpuslice.model import config as model_config
 from gpuslice.policy import registry
+from gpuslice_dev import nodesim
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
 from tests.integration.conftest import unique
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev.controlplane import ControlPlane
 from tests import pki
 
 pytestmark = pytest.mark.integration

@@ -16,10 +16,10 @@ import pytest
 
 from gpuslice.agent import fake, metrics, service
 from gpuslice.codec import keys, pod_devices, telemetry
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.kube import client as kclient
 from gpuslice.kube import nodes as kube_nodes
 from gpuslice.model import allocations, nodes
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import extcache
 from tests.integration import kubehelpers as h
 

@@ -28,9 +28,9 @@ from typing import IO, Any, TypeVar
 import pytest
 
 from gpuslice.codec import keys, registrations, resources
-from gpuslice.devcluster import devcluster, nodesim
-from gpuslice.devcluster.controlplane import ControlPlane
 from gpuslice.model import requests
+from gpuslice_dev import devcluster, nodesim
+from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
 
 pytestmark = pytest.mark.integration

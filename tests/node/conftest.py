@@ -6,7 +6,7 @@ CNI bridge, kubelet, and the device plugin in the node's own mount namespace) an
 run the locally built busybox image and print their environment, which tests read back through
 the apiserver (``pods/log``, served by the node's kubelet).
 
-The device plugin is gpuslice's own (``gpuslice.devcluster.deviceplugin``) reading its cards
+The device plugin is gpuslice's own (``gpuslice_dev.deviceplugin``) reading its cards
 through NVML from the fake ``libnvidia-ml.so.1`` (``hack/fake-nvml``). ``GPUSLICE_NODE_PLUGIN``
 names another plugin command (an executable run with the environment ``nodeplugins.external_plugin``
 documents), HAMi's own among them (``docs/real-nodes.md``); nothing here assumes which one runs.
@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from gpuslice.codec import keys
-from gpuslice.devcluster import devcluster, nodeplugins, realnode
-from gpuslice.devcluster.controlplane import ControlPlane
+from gpuslice_dev import devcluster, nodeplugins, realnode
+from gpuslice_dev.controlplane import ControlPlane
 from tests.chaos import audit
 from tests.node.pods import PodOps
 

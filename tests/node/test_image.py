@@ -10,7 +10,8 @@ filesystem, no capabilities, an emptyDir at ``/tmp`` (``HOME``). What is checked
 - the archives carry the chart's default references and the image config's user is 65532:65532;
 - in the container: it is that user, ``/`` is mounted read-only and refuses writes, no pip (neither
   importable nor on PATH nor as a wheel ensurepip could install) and no compiler, and the package
-  is precompiled; with only ``runAsNonRoot`` the image's own user is the one that runs;
+  is precompiled; no development harness (``gpuslice_dev``, ``gpuslice/devcluster``) nor gRPC or
+  Playwright; with only ``runAsNonRoot`` the image's own user is the one that runs;
 - ``gpuslice --help`` and ``gpuslice <sub> --help`` for every subcommand the image's CLI lists
   (``simulate`` prints its one line about the sim extra and exits 2: the image is the server
   install);
@@ -37,9 +38,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslice.devcluster import imagearchive, images, realnode
-from gpuslice.devcluster.controlplane import REPO_ROOT
 from gpuslice.sim import extra
+from gpuslice_dev import imagearchive, images, realnode
+from gpuslice_dev.paths import REPO_ROOT
 from tests.node.conftest import NodeCluster
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(600)]
@@ -254,6 +255,8 @@ print(MARK + json.dumps({
         t: shutil.which(t) for t in ("pip", "pip3", "pip3.11", "gcc", "cc", "c++", "python", "gpuslice")
     },
     "import_pip": {py: run(py, "-c", "import pip") for py in ("python", "/usr/bin/python3")},
+    "import_harness": {m: run("python", "-c", "import " + m) for m in ("gpuslice_dev", "grpc", "playwright")},
+    "devcluster": os.path.exists(os.path.join(package, "devcluster")),
     "pip_files": found,
     "files_walked": walked,
     "stdlib": sysconfig.get_path("stdlib"),
@@ -289,6 +292,10 @@ def test_the_image_runs_read_only_as_65532_without_pip_or_a_compiler(
     for python, (code, stderr) in facts["import_pip"].items():
         assert code == 1 and "No module named 'pip'" in stderr, (python, code, stderr)
     assert facts["pip_files"] == [], facts["pip_files"]  # no pip package, no wheel ensurepip could use
+    # the development harness (gpuslice-dev) and what only it needs are not in the server image
+    for module, (code, stderr) in facts["import_harness"].items():
+        assert code == 1 and f"No module named '{module}'" in stderr, (module, code, stderr)
+    assert facts["devcluster"] is False
     assert facts["files_walked"] > 5000  # the search saw the image's files
     assert facts["uncompiled"] == []
     assert _finished_log(cluster, ns, "own-user").split() == ["65532", "65532"]

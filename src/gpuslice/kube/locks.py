@@ -2,7 +2,7 @@
 
 At most one HAMi pod per node may sit between its Binding and the device plugin's ``Allocate``
 (kubelet's ``Allocate`` carries no pod identity); the lock names that pod. The extender takes it
-just before the Binding and the device plugin (or ``devcluster.nodesim``) releases it.
+just before the Binding and the device plugin (or ``gpuslice_dev.nodesim``) releases it.
 
 Acquire, decided by ``decide`` from the current value:
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor
 
-from gpuslice.devcluster.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from gpuslice_dev.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.unit
 

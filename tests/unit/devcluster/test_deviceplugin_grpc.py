@@ -23,8 +23,8 @@ import pytest
 
 from gpuslice.agent import backend, discover, fake
 from gpuslice.codec import keys
-from gpuslice.devcluster.deviceplugin import allocator, plugin, responses, service
-from gpuslice.devcluster.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from gpuslice_dev.deviceplugin import allocator, plugin, responses, service
+from gpuslice_dev.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from tests.unit.kube import fakeapi
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.agent import collect, discover, fake
-from gpuslice.devcluster.deviceplugin import entries, inventory, podview, preferred, responses
 from gpuslice.model import allocations
+from gpuslice_dev.deviceplugin import entries, inventory, podview, preferred, responses
 
 pytestmark = pytest.mark.unit
 

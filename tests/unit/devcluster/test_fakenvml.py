@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from gpuslice.agent import backend, fake
-from gpuslice.devcluster import fakenvml
+from gpuslice_dev import fakenvml
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from gpuslice.devcluster import imagearchive, images, ociimage
-from gpuslice.devcluster.controlplane import REPO_ROOT
+from gpuslice_dev import imagearchive, images, ociimage
+from gpuslice_dev.paths import REPO_ROOT
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.devcluster import nodeconfig
+from gpuslice_dev import nodeconfig
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.devcluster import ociimage
+from gpuslice_dev import ociimage
 
 pytestmark = pytest.mark.unit
 

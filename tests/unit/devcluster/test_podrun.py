@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from gpuslice.devcluster import podenv, podmounts, podrun, podvolumes
-from gpuslice.devcluster.podenv import PodSpecError
-from gpuslice.devcluster.podmounts import Bind, MountRequest, Overlay
+from gpuslice_dev import podenv, podmounts, podrun, podvolumes
+from gpuslice_dev.podenv import PodSpecError
+from gpuslice_dev.podmounts import Bind, MountRequest, Overlay
 
 pytestmark = pytest.mark.unit
 

@@ -12,11 +12,11 @@ from gpuslice.cache import cache as cluster_cache
 from gpuslice.cache import shapes
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, pod_devices, registrations, resources
-from gpuslice.devcluster import nodesim
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, objects, sync
 from gpuslice.model import allocations
 from gpuslice.policy import registry
+from gpuslice_dev import nodesim
 
 pytestmark = pytest.mark.unit
 

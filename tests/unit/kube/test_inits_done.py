@@ -12,13 +12,13 @@ from lightkube.config.models import Cluster, User
 
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import keys, pod_devices, registrations
-from gpuslice.devcluster import nodesim
 from gpuslice.extender import config, feed, metrics
 from gpuslice.framework import logs
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, kinds, objects, sync
 from gpuslice.model import allocations, nodes
 from gpuslice.policy import quota
+from gpuslice_dev import nodesim
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,9 @@ import datetime as dt
 import pytest
 
 from gpuslice.codec import resources
-from gpuslice.devcluster import nodesim
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors, events, informer, locks, objects, sync
+from gpuslice_dev import nodesim
 
 pytestmark = pytest.mark.unit
 

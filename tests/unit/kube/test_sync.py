@@ -10,10 +10,10 @@ from lightkube.config.models import Cluster, User
 
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import keys, pod_devices, registrations
-from gpuslice.devcluster import nodesim
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, objects, sync
 from gpuslice.model import allocations, nodes, status
+from gpuslice_dev import nodesim
 
 pytestmark = pytest.mark.unit
 

@@ -12,10 +12,10 @@ import pytest
 from gpuslice import cli
 from gpuslice.cache import shapes
 from gpuslice.codec import resources
-from gpuslice.devcluster import nodesim
 from gpuslice.model import config as model_config
 from gpuslice.policy import registry, shares
 from gpuslice.sim import cluster, engine, experiment, fidelity, trace
+from gpuslice_dev import nodesim
 
 pytestmark = pytest.mark.unit
 
