@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -298,3 +299,60 @@ def test_main_listener_requires_client_certificates(certs: pki.Pki, ports: tuple
     )
     side_config.load()
     assert side_config.ssl is None and side_config.lifespan == "off"
+
+
+# ----------------------------------------------------------------------------- shutdown drains the binds
+
+
+def _post(url: str, body: dict[str, str]) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(  # noqa: S310 - loopback
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as resp:  # noqa: S310 - loopback
+        return int(resp.status), json.loads(resp.read())
+
+
+def test_sigterm_labels_a_pod_bound_just_before_while_the_services_still_run(ports: tuple[int, int]) -> None:
+    """A pod's ``hami.io/vgpu-node`` label waits for its device plugin's Allocate (``bind``'s
+    ``_label_later``, at most ``LABEL_AFTER_S``); a shutdown in between labels it
+    (``BindFlow.drain``) before the services, the API client among them, stop."""
+    binder = fakes.FakeBinder(pods={"default/p": fakes.gpu_pod("p")})
+    labels_at_exit: list[dict[str, str]] = []
+
+    @contextlib.asynccontextmanager
+    async def api_client() -> AsyncIterator[object]:
+        yield binder
+        labels_at_exit.append(dict(binder.labels))
+
+    deps = fakes.make_deps(fakes.cluster_cache(node("n").gpus(1)), binder)
+    deps = dataclasses.replace(deps, services=[api_client])
+    main, side = _servers(config.validate({"listen": f"127.0.0.1:{ports[0]}"}), deps, metrics=False)
+    seen: list[object] = []
+
+    async def while_serving() -> None:
+        args = {"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n"}
+        seen.append(await asyncio.to_thread(_post, f"http://127.0.0.1:{ports[0]}/bind", args))
+        seen.append(dict(binder.labels))  # bound; the lock still names the pod: no label yet
+
+    assert _run(main, side, while_serving) == 0
+    assert seen == [(200, {"Error": ""}), {}]
+    assert labels_at_exit == [{"default/p": "n"}]
+
+
+def test_a_drain_that_hangs_does_not_keep_the_server_up(
+    ports: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(apps, "DRAIN_BINDS_S", 0.3)
+    service = Lifespan()
+    deps = _deps(service)
+    started: list[bool] = []
+
+    async def hangs() -> None:
+        started.append(True)
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(deps.flow, "drain", hangs)
+    main, side = _servers(config.validate({"listen": f"127.0.0.1:{ports[0]}"}), deps, metrics=False)
+    assert _run(main, side) == 0
+    assert started == [True]
+    assert _refused(ports[0]) and (service.entered, service.exited) == (1, 1)

@@ -677,19 +677,18 @@ def create_metrics_app(deps: Deps) -> Starlette:
     return Starlette(routes=_probe_routes(Handlers(deps)) + clusterview.routes(deps))
 
 
-async def drain_binds(flow: binds.BindFlow, log: logs.Log, limit_s: float | None = None) -> None:
-    """At shutdown: ``flow.drain()`` (pending pod labels, ambiguous binds), for at most ``limit_s``.
+async def drain_binds(flow: binds.BindFlow, log: logs.Log) -> None:
+    """At shutdown: ``flow.drain()`` (pending pod labels, ambiguous binds), for at most ``DRAIN_BINDS_S``.
 
     The listeners have closed and answered their last calls by then. What is still unfinished when
     the time is up is cancelled and logged: a pod left without its label keeps its devices (only
     HAMi's vGPU monitor misses it), and a lock left by an ambiguous bind is the next leader's
     orphan to release.
     """
-    limit = DRAIN_BINDS_S if limit_s is None else limit_s
     try:
-        await asyncio.wait_for(flow.drain(), limit)
+        await asyncio.wait_for(flow.drain(), DRAIN_BINDS_S)
     except TimeoutError:
-        log.warning("shutdown: binds left unfinished", after_s=f"{limit:g}")
+        log.warning("shutdown: binds left unfinished", after_s=f"{DRAIN_BINDS_S:g}")
 
 
 def create_app(deps: Deps) -> _Fast:
