@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from gpuslice.extender import config, feed
+from gpuslice.extender import config, feed, holdings, parsing
 from gpuslice.extender.binding import liveness
 from gpuslice.framework import explain
 from gpuslice.framework import profile as profiles
@@ -118,16 +118,18 @@ async def from_cluster(
             )
     except kerrors.ApiError as err:
         raise Failure(f"cannot read the cluster: {err}") from None
-    request = explain.request_of(pod, settings.request_config)
-    if isinstance(request, str):
-        raise Failure(f"pod {namespace}/{name}: invalid GPU request: {request}")
+    request = parsing.request_of(pod, settings.request_config)
+    if isinstance(request, status.Status):
+        raise Failure(f"pod {namespace}/{name}: invalid GPU request: {request.message}")
     health = liveness.NodeHealth(
         settings.handshake_timeout_s, settings.stuck_lock_s, gpu_resource=settings.request_config.names.count
     )
     for node in live.nodes:
         health.observe(node, False, time.time(), time.monotonic())
     policies = profiles.Profile.from_settings(settings, clock=time.time)  # as the extender judges
-    return explain.explain(live.cache.snapshot(), request, policies, live.invalid_nodes, health.excluded)
+    held = holdings.held(live.cache, f"{namespace}/{name}", request.uid)  # a bound pod: its own cards free
+    snap = live.cache.snapshot()
+    return explain.explain(snap, request, policies, live.invalid_nodes, health.excluded, held=held)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -186,10 +188,15 @@ def shown_nodes(doc: explain.Explanation, show_all: bool = False) -> list[explai
     with_cards = [n for n in doc.nodes if n.cards]
     if show_all:
         return with_cards
-    fits = [n for n in with_cards if n.fits][:CARD_TABLES]
+    # A bound pod's own node first (sorted is stable: the rest keep their order).
+    fits = sorted((n for n in with_cards if n.fits), key=lambda n: n.name != doc.bound_node)[:CARD_TABLES]
     failed = sorted(
         (n for n in with_cards if not n.fits),
-        key=lambda n: (n.change != doc.change, n.code != explain.CODE_NAMES[status.Code.UNSCHEDULABLE]),
+        key=lambda n: (
+            n.name != doc.bound_node,
+            n.change != doc.change,
+            n.code != explain.CODE_NAMES[status.Code.UNSCHEDULABLE],
+        ),
     )
     return fits + failed[:CARD_TABLES]
 
@@ -198,12 +205,16 @@ def rows(doc: explain.Explanation, show_all: bool = False) -> list[tuple[str, li
     """The tables to print: (title, header, rows) for the nodes, then one per shown node's cards."""
     out: list[tuple[str, list[str], list[list[str]]]] = []
     node_rows = []
+    held = set(doc.bound_cards)
     for n in doc.nodes:
         if n.fits:
             got = ", ".join(str(c.index) for c in n.cards if c.chosen)
             detail = f"cards {got}" if got else ""
         else:
             detail = n.change
+        if n.name == doc.bound_node:  # judged with its own cards free: say which they are
+            on = ", ".join(str(c.index) for c in n.cards if c.uuid in held)
+            detail = f"bound here (cards {on})" + (f"; {detail}" if detail else "")
         node_rows.append([n.name, "yes" if n.fits else "no", n.code, ", ".join(n.reasons), detail])
     out.append(
         ("Nodes", ["node", "fits", "code", "reasons", "cards it would get / smallest change"], node_rows)
@@ -227,7 +238,7 @@ def rows(doc: explain.Explanation, show_all: bool = False) -> list[tuple[str, li
                 f"{c.memory_free_mib}/{c.memory_total_mib}",
                 f"{c.cores_free}/{c.cores_total}",
                 f"{c.slots_free}/{c.slots_total}",
-                f"{c.reason} (chosen)" if c.chosen else c.reason,
+                c.reason + (" (chosen)" if c.chosen else "") + (" (held)" if c.uuid in held else ""),
             ]
             for c in n.cards
         ]

@@ -15,6 +15,11 @@ those checks but that the namespace quota rules out is marked ``QuotaExceeded`` 
 cards first, as many as ``fit`` counted). The cards the pod would get are those of ``fit.place``'s
 allocation.
 
+A pod the cache holds (bound, or its bind in flight) is explained with its own charge released
+(``Held``): its node's cards, host CPU and memory, and its namespace's quota usage, as if it were
+not there. So its own cards do not count against it; the explanation names where it runs
+(``bound_node``, ``bound_cards``) and on which nodes, its own included, it would fit now.
+
 The smallest change is a sentence per failed node ("needs 8000 MiB per card, largest free is
 6000 MiB on gpu-3 card 2") and one for the pod: the change of the node closest to fitting (a node
 where freeing capacity could help before one where nothing can, then the smallest shortfall in
@@ -27,13 +32,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 import msgspec
 
-from gpuslice.codec import errors as codec_errors
-from gpuslice.codec import keys, resources
+from gpuslice.codec import keys
 from gpuslice.framework import cycle as cycles
 from gpuslice.framework import profile as profiles
 from gpuslice.framework import view
-from gpuslice.kube import objects
-from gpuslice.model import config as model_config
 from gpuslice.model import nodes, requests, status
 from gpuslice.policy import api, cards, fit, linkreq
 from gpuslice.policy import quota as quotas
@@ -139,7 +141,25 @@ class Quota(msgspec.Struct, frozen=True, kw_only=True):
     used_cores: int
 
 
-class Explanation(msgspec.Struct, frozen=True, kw_only=True):
+class Held(msgspec.Struct, frozen=True, kw_only=True):
+    """What the cache charges a pod it holds (bound, or its bind in flight); ``explain`` releases it.
+
+    Attributes:
+        node: the node it holds cards on.
+        cards: the card UUIDs of its allocation, in allocation order, each once.
+        reservation: its charge per card UUID, as the cache holds it (``allocations.card_reservation``).
+        cpu_milli: host CPU it holds where the node tracks it.
+        memory_mib: host memory it holds where the node tracks it.
+    """
+
+    node: str
+    cards: tuple[str, ...]
+    reservation: tuple[tuple[str, nodes.CardUsage], ...]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+class Explanation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Why a pod fits or not, node by node (``--json`` and ``/explain`` return this document).
 
     Attributes:
@@ -153,6 +173,9 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
         feasible: the nodes it fits.
         summary: ``fits on 2 of 3 nodes`` and the like.
         change: the smallest change that would make it fit ('' when it fits somewhere).
+        bound_node: the node a held pod runs on ('' for a pod the cache does not hold: left out
+            of the JSON then, as ``bound_cards``).
+        bound_cards: the card UUIDs it holds there, in allocation order.
     """
 
     namespace: str
@@ -165,6 +188,8 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     feasible: tuple[str, ...]
     summary: str
     change: str
+    bound_node: str = ""
+    bound_cards: tuple[str, ...] = ()
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -181,18 +206,6 @@ def decode(data: bytes) -> Explanation:
     return _DECODER.decode(data)
 
 
-def request_of(
-    pod: objects.Pod, config: model_config.RequestConfig = model_config.DEFAULT_REQUEST_CONFIG
-) -> requests.PodRequest | str:
-    """A watched or read pod's GPU request (``codec.resources.parse_pod``), or why it is invalid."""
-    as_dict = msgspec.to_builtins(pod)
-    as_dict.setdefault("metadata", {})["namespace"] = pod.metadata.namespace
-    try:
-        return resources.parse_pod(as_dict, config)
-    except codec_errors.DecodeError as err:
-        return str(err)
-
-
 def explain(
     snap: view.Snapshot,
     pod: requests.PodRequest,
@@ -200,6 +213,7 @@ def explain(
     invalid: Collection[str] | Mapping[str, str] = (),
     excluded: Mapping[str, str] | None = None,
     names: Sequence[str] | None = None,
+    held: Held | None = None,
 ) -> Explanation:
     """Explain the pod on ``names`` (default: every registered, invalid and excluded node).
 
@@ -210,17 +224,26 @@ def explain(
         invalid: nodes whose registration does not decode (a mapping gives the reason too).
         excluded: nodes not to place on now -> reason code (stale handshake, held lock).
         names: the nodes to explain, in this order; a name the snapshot lacks is unregistered.
+        held: the pod's own charge when the cache holds it; every node and the quota are judged
+            with it released.
     """
     excluded = excluded or {}
     if names is None:
         names = sorted(set(snap.nodes) | set(invalid) | set(excluded))
     cyc = cycles.Cycle.of(profile, snap, pod)
     quota = cyc.quota
+    own: dict[str, nodes.NodeState] = {}
+    if held is not None:
+        state = view.node_state(snap, held.node)
+        if state is not None:
+            own[held.node] = nodes.released(state, held.reservation, held.cpu_milli, held.memory_mib)
+        if quota is not None:
+            quota = _quota_released(quota, held)
     out: list[Node] = []
     shortfalls: dict[str, tuple[int, int]] = {}
     if pod.wants_gpu:
         for name in names:
-            node, shortfall = _node(snap, name, pod, cyc.cards, cyc.ctx, quota, invalid, excluded)
+            node, shortfall = _node(snap, own, name, pod, cyc.cards, cyc.ctx, quota, invalid, excluded)
             out.append(node)
             if not node.fits:
                 shortfalls[name] = shortfall
@@ -237,14 +260,17 @@ def explain(
             state = view.node_state(snap, quota_bound[0].name)
             card_memory = state.inventory.devices[0].memory_mib if state and state.inventory.devices else 0
             change = _quota_sentence(pod, quota, card_memory)
-    if not pod.wants_gpu:
+    fits = f"{len(feasible)} of {len(out)} nodes" if feasible else f"none of {len(out)} nodes"
+    if held is not None:
+        label = "card" if len(held.cards) == 1 else "cards"
+        summary = (
+            f"bound to {held.node} on {label} {', '.join(held.cards)}; "
+            f"with its own cards free it would fit on {fits}"
+        )
+    elif not pod.wants_gpu:
         summary = "asks no GPU: the extender passes every node"
     else:
-        summary = (
-            f"fits on {len(feasible)} of {len(out)} nodes"
-            if feasible
-            else f"fits on none of {len(out)} nodes"
-        )
+        summary = f"fits on {fits}"
     return Explanation(
         namespace=pod.namespace,
         name=pod.name,
@@ -256,6 +282,8 @@ def explain(
         feasible=feasible,
         summary=summary,
         change=change,
+        bound_node="" if held is None else held.node,
+        bound_cards=() if held is None else held.cards,
     )
 
 
@@ -282,6 +310,19 @@ def _asks(pod: requests.PodRequest) -> tuple[Ask, ...]:
     )
 
 
+def _quota_released(q: quotas.QuotaView, held: Held) -> quotas.QuotaView:
+    """The namespace's usage without the held pod's charge (``allocations.charge_totals``)."""
+    count = sum(r.slots for _, r in held.reservation)
+    memory = sum(r.memory_mib for _, r in held.reservation)
+    cores = sum(r.cores for _, r in held.reservation)
+    return msgspec.structs.replace(
+        q,
+        used_count=max(0, q.used_count - count),
+        used_memory=max(0, q.used_memory - memory),
+        used_cores=max(0, q.used_cores - cores),
+    )
+
+
 def _quota(q: quotas.QuotaView) -> Quota:
     return Quota(
         count_limit=q.count_limit,
@@ -298,6 +339,7 @@ def _quota(q: quotas.QuotaView) -> Quota:
 
 def _node(
     snap: view.Snapshot,
+    own: Mapping[str, nodes.NodeState],
     name: str,
     pod: requests.PodRequest,
     card_policy: api.CardChooser,
@@ -306,8 +348,11 @@ def _node(
     invalid: Collection[str] | Mapping[str, str],
     excluded: Mapping[str, str],
 ) -> tuple[Node, tuple[int, int]]:
-    """A node's verdict and how far it is from fitting (code rank, shortfall)."""
-    state = view.node_state(snap, name)
+    """A node's verdict and how far it is from fitting (code rank, shortfall).
+
+    ``own``: the held pod's node with its charge released, read instead of the snapshot's.
+    """
+    state = own.get(name) or view.node_state(snap, name)
     if name in excluded:  # the filter fails it before evaluating (FailedNodes: Unschedulable)
         reason = excluded[name]
         shown = () if state is None else _cards(state, state, None, pod.selectors, (), {})

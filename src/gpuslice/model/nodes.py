@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
 
 from gpuslice.model import devices, topology
@@ -125,3 +127,32 @@ class NodeState(msgspec.Struct, frozen=True, kw_only=True):
 def empty_state(inventory: NodeInventory) -> NodeState:
     """A node with nothing allocated."""
     return NodeState(inventory=inventory, usage=tuple(EMPTY_CARD for _ in inventory.devices))
+
+
+def released(
+    state: NodeState,
+    reservation: Iterable[tuple[str, CardUsage]],
+    cpu_milli: int = 0,
+    memory_mib: int = 0,
+) -> NodeState:
+    """The node with a pod's charge taken off: its usage per card UUID, host CPU and memory.
+
+    ``reservation`` is what the cache charges the pod per card (``allocations.card_reservation``);
+    UUIDs the node lacks are skipped. Everything else (the jobs included) is kept as it is.
+    """
+    index = {d.uuid: i for i, d in enumerate(state.inventory.devices)}
+    usage = list(state.usage)
+    for uuid, r in reservation:
+        i = index.get(uuid)
+        if i is None:
+            continue
+        u = usage[i]
+        usage[i] = CardUsage(
+            max(0, u.slots - r.slots), max(0, u.memory_mib - r.memory_mib), max(0, u.cores - r.cores)
+        )
+    return msgspec.structs.replace(
+        state,
+        usage=tuple(usage),
+        cpu_used_milli=max(0, state.cpu_used_milli - cpu_milli),
+        memory_used_mib=max(0, state.memory_used_mib - memory_mib),
+    )

@@ -19,6 +19,7 @@ from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.http import app as apps
 from gpuslice.framework import registry
 from gpuslice.model import config as model_config
+from gpuslice.model import status
 from gpuslice.policy import quota as quotas
 from tests.unit import builders
 from tests.unit.builders import node
@@ -885,7 +886,7 @@ def test_pods_sharing_a_spec_get_their_own_identity_from_the_spec_memo() -> None
     decode = msgspec.json.Decoder(wire.Pod).decode
     a = parsed.parse(decode(json.dumps(_versioned(fakes.gpu_pod("a", mem=4000), "1"))))
     b = parsed.parse(decode(json.dumps(_versioned(fakes.gpu_pod("b", mem=4000, namespace="team"), "1"))))
-    assert not isinstance(a, str) and not isinstance(b, str)
+    assert not isinstance(a, status.Status) and not isinstance(b, status.Status)
     assert (a.namespace, a.name, a.uid) == ("default", "a", "uid-a")
     assert (b.namespace, b.name, b.uid) == ("team", "b", "uid-b")
     assert a.containers == b.containers  # 1 card, 4000 MiB each
@@ -894,7 +895,8 @@ def test_pods_sharing_a_spec_get_their_own_identity_from_the_spec_memo() -> None
     bad_twin = fakes.gpu_pod("d", mem=4000)
     bad_twin["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "lots"
     first, second = parsed.parse(decode(json.dumps(bad))), parsed.parse(decode(json.dumps(bad_twin)))
-    assert isinstance(first, str) and first == second
+    assert isinstance(first, status.Status) and first == second
+    assert first.reasons == (status.INVALID_REQUEST,) and "gpumem" in first.message
 
 
 def test_filter_before_any_gpu_node_registered_names_every_node_unregistered() -> None:

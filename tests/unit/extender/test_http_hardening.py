@@ -30,6 +30,7 @@ from gpuslice.codec import keys
 from gpuslice.extender import config, wire
 from gpuslice.extender.http import app as apps
 from gpuslice.extender.http import httpserver, jsondepth
+from gpuslice.model import status
 from tests.unit.builders import node
 from tests.unit.extender import fakes
 
@@ -183,7 +184,8 @@ def test_request_memo_ignores_large_unrelated_annotations() -> None:
     a = requests_.parse(pod("a", big))
     b = requests_.parse(pod("b", {keys.USE_GPU_TYPE: "A100"}))
     c = requests_.parse(pod("c", {keys.USE_GPU_TYPE: "H100"}))
-    assert not isinstance(a, str) and not isinstance(b, str) and not isinstance(c, str)
+    assert not isinstance(a, status.Status) and not isinstance(b, status.Status)
+    assert not isinstance(c, status.Status)
     assert (a.name, b.name) == ("a", "b")
     assert a.selectors == b.selectors != c.selectors
     assert len(requests_._by_spec) == 2

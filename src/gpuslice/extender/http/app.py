@@ -40,9 +40,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gpuslice.codec import errors as codec_errors
-from gpuslice.codec import resources
-from gpuslice.extender import config, metrics, tasks, wire
+from gpuslice.extender import config, holdings, metrics, parsing, tasks, wire
 from gpuslice.extender import preemption as preemptions
 from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.http import jsondepth, preempt
@@ -173,11 +171,11 @@ class _Requests:
         self._memo = memo.Memo(REQUEST_MEMO_ENTRIES, REQUEST_MEMO_BYTES, _weigh_parsed)
         self._by_spec = memo.Memo(SPEC_MEMO_ENTRIES, SPEC_MEMO_BYTES, _weigh_parsed)
 
-    def cached(self, uid: str, resource_version: str) -> requests.PodRequest | str | None:
+    def cached(self, uid: str, resource_version: str) -> parsing.Parsed | None:
         """The parse result of this exact pod version, or None when it was not parsed yet."""
         hit = self._memo.get(uid) if uid and resource_version else None
         if hit is not None and hit[0] == resource_version:
-            parsed: requests.PodRequest | str = hit[1]
+            parsed: parsing.Parsed = hit[1]
             return parsed
         return None
 
@@ -186,8 +184,8 @@ class _Requests:
         value = labels.get(self._job_label) if labels and self._job_label else None
         return {self._job_label: value} if value is not None else {}
 
-    def parse(self, pod: wire.Pod) -> requests.PodRequest | str:
-        """The pod's GPU request, or the reason it is invalid."""
+    def parse(self, pod: wire.Pod) -> parsing.Parsed:
+        """The pod's GPU request, or why it is invalid (``status.invalid_request``)."""
         meta = pod.metadata
         hit = self.cached(meta.uid, meta.resource_version)
         if hit is not None:
@@ -195,19 +193,16 @@ class _Requests:
         annotations = objects.gpu_annotations(meta.annotations)
         spec = wire.ENCODER.encode((pod.spec.containers, pod.spec.init_containers, annotations))
         spec_key = hashlib.blake2b(spec, digest_size=16).digest()
-        template: requests.PodRequest | str | None = self._by_spec.get(spec_key)
-        parsed: requests.PodRequest | str
+        template: parsing.Parsed | None = self._by_spec.get(spec_key)
+        parsed: parsing.Parsed
         labels = self._labels(meta.labels)
         if template is None:
             kept = msgspec.structs.replace(
                 pod, metadata=msgspec.structs.replace(meta, annotations=annotations, labels=labels)
             )
-            try:
-                parsed = resources.parse_pod(kept.to_dict(), self._config)
-            except codec_errors.DecodeError as err:
-                parsed = str(err)
+            parsed = parsing.parse_pod(kept.to_dict(), self._config)
             self._by_spec.put(spec_key, parsed)
-        elif isinstance(template, str):
+        elif isinstance(template, status.Status):
             parsed = template
         else:
             parsed = msgspec.structs.replace(
@@ -229,11 +224,11 @@ def _key(pod: requests.PodRequest) -> str:
 
 
 def _weigh_parsed(value: object) -> int:
-    """Bytes a memo entry of ``_Requests`` holds: a request, a reason, or a (version, either) pair."""
+    """Bytes a memo entry of ``_Requests`` holds: a request, a refusal, or a (version, either) pair."""
     if isinstance(value, tuple):
         return len(value[0]) + _weigh_parsed(value[1])
-    if isinstance(value, str):
-        return len(value)
+    if isinstance(value, status.Status):
+        return len(value.message)
     assert isinstance(value, requests.PodRequest)
     return requests.footprint(value)
 
@@ -422,7 +417,7 @@ class Handlers:
             return wire.ENCODER.encode(wire.ExtenderFilterResult([], {}, {}, NOT_SYNCED))
         pod = self._parsed.parse(args.pod)
         meta = args.pod.metadata
-        if isinstance(pod, str):
+        if isinstance(pod, status.Status):
             outcome = scheduling.reject_all(names, status.INVALID_REQUEST)
             deps.events.record(
                 meta.namespace,
@@ -431,7 +426,7 @@ class Handlers:
                 "Warning",
                 "FilteringFailed",
                 "Filter",
-                f"invalid request: {pod}",
+                f"invalid request: {pod.message}",
             )
             self._count(outcome)
             result = wire.ExtenderFilterResult(outcome.feasible, outcome.failed, outcome.unresolvable)
@@ -553,7 +548,7 @@ class Handlers:
             names = args.node_names or []
             pod = self._parsed.parse(args.pod)
         ranks = False
-        if isinstance(pod, str):
+        if isinstance(pod, status.Status):
             scores = np.zeros(len(names), np.int64)
         else:
             ranks = deps.policies.ranks and pod.wants_gpu
@@ -601,7 +596,7 @@ class Handlers:
         args = _decode(wire.PREEMPT_DECODER, data)
         pod = self._parsed.parse(args.pod)
         victims = args.node_name_to_meta_victims or {}
-        if isinstance(pod, str):
+        if isinstance(pod, status.Status):
             kept = preempt.keep_nonempty(victims)
         else:
             kept = preempt.narrow(self.deps.cache.snapshot(), pod, victims, self.deps.policies)
@@ -630,7 +625,8 @@ class Handlers:
     async def explain(self, request: Request) -> Response:
         """``GET /explain?pod=NAMESPACE/NAME``: ``extender.explain``'s document for the pod (docs/explain.md).
 
-        The pod's request comes from the pending registry, else from ``deps.read_pod``. 400 for a
+        The pod's request comes from the pending registry, else from ``deps.read_pod``. A pod the
+        cache holds (bound) is judged with its own charge released (``extender.holdings``). 400 for a
         malformed argument, 404 for an unknown pod, 422 for an invalid GPU request, 503 while the
         cache is not synced or the pod cannot be read.
         """
@@ -642,19 +638,21 @@ class Handlers:
         if not deps.synced():
             return PlainTextResponse(NOT_SYNCED, status_code=503)
         entry = deps.pending.get(arg)
-        pod: requests.PodRequest | str | None = None if entry is None else entry.request
+        pod: parsing.Parsed | None = None if entry is None else entry.request
         if pod is None and deps.read_pod is not None:
             try:
                 found = await deps.read_pod(namespace, name)
             except kerrors.ApiError as err:
                 return PlainTextResponse(f"cannot read pod {arg}: {err}", status_code=503)
             if found is not None:
-                pod = explains.request_of(found, deps.settings.request_config)
+                pod = parsing.request_of(found, deps.settings.request_config)
         if pod is None:
             return PlainTextResponse(f"pod {arg} not found", status_code=404)
-        if isinstance(pod, str):
-            return PlainTextResponse(f"pod {arg}: invalid GPU request: {pod}", status_code=422)
-        doc = explains.explain(deps.cache.snapshot(), pod, deps.policies, deps.invalid_nodes, deps.excluded)
+        if isinstance(pod, status.Status):
+            return PlainTextResponse(f"pod {arg}: invalid GPU request: {pod.message}", status_code=422)
+        held = holdings.held(deps.cache, arg, pod.uid)
+        snap = deps.cache.snapshot()
+        doc = explains.explain(snap, pod, deps.policies, deps.invalid_nodes, deps.excluded, held=held)
         return Response(explains.encode(doc), media_type=JSON)
 
 

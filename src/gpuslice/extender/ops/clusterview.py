@@ -36,6 +36,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gpuslice.cache import cache as caches
+from gpuslice.extender import holdings
 from gpuslice.extender.ops import shadow as shadows
 from gpuslice.framework import explain as explains
 from gpuslice.framework import pending as pendings
@@ -256,7 +257,8 @@ def _closest(node: explains.Node, excluded: Collection[str]) -> tuple[bool, bool
 def explained(snap: view.Snapshot, source: Source, entry: pendings.Pending) -> Pending:
     """``explain.explain`` of one pending pod, as the filter would judge it on ``snap``."""
     excluded = dict(source.excluded)
-    doc = explains.explain(snap, entry.request, source.policies, source.invalid_nodes, excluded)
+    held = holdings.held(source.cache, entry.key, entry.request.uid)  # a pod bound since it was noted
+    doc = explains.explain(snap, entry.request, source.policies, source.invalid_nodes, excluded, held=held)
     kept = sorted(doc.nodes, key=lambda n: _closest(n, excluded))[:MAX_EXPLAINED_NODES]
     return Pending(
         pod=entry.key,
