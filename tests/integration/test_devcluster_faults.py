@@ -198,8 +198,13 @@ async def test_nodesim_reports_and_node_faults(
             node=node_name, containers=((allocations.DeviceGrant(uuid=card, memory_mib=1000, cores=10),),)
         )
         await locks.acquire(kube, node_name, namespace, name)
-        await pods.patch_allocation(
-            kube, namespace, name, pod_devices.bind_annotations(alloc, time.time()), uid=uid
+        await pods.patch_annotations(
+            kube,
+            namespace,
+            name,
+            pod_devices.bind_annotations(alloc, time.time()),
+            labels={keys.VGPU_NODE: node_name},
+            uid=uid,
         )
         await binding.bind(kube, namespace, name, uid, node_name)
 

@@ -149,8 +149,13 @@ async def bound_pod(
     placed = allocations.PodAllocation(node=node, containers=tuple(alloc), init_count=len(init))
     if lock:
         await locks.acquire(kube, node, namespace, name)
-    await pods.patch_allocation(
-        kube, namespace, name, pod_devices.bind_annotations(placed, time.time()), uid=uid
+    await pods.patch_annotations(
+        kube,
+        namespace,
+        name,
+        pod_devices.bind_annotations(placed, time.time()),
+        labels={keys.VGPU_NODE: node},
+        uid=uid,
     )
     await binding.bind(kube, namespace, name, uid, node)
     return uid

@@ -50,7 +50,7 @@ def pod_body(name: str, node: str, annotations: dict[str, str]) -> dict[str, Any
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        # the label ``kube.pods.patch_allocation`` writes with the annotations (HAMi's)
+        # the label HAMi's scheduler writes with the annotations
         "metadata": {"name": name, "annotations": annotations, "labels": {keys.VGPU_NODE: node}},
         "spec": {
             "schedulerName": "gpuslice-test-none",

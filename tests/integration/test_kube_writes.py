@@ -169,28 +169,39 @@ async def test_claimed_pods_of_a_node_include_those_bound_with_annotations_only(
         kube, namespace, "bound", uid, node_name, annotations=ANN | {keys.VGPU_NODE: node_name}
     )
     h.create_pod(control_plane, namespace, "claiming")  # HAMi's filter: annotations + label, unbound
-    await pods.patch_allocation(kube, namespace, "claiming", ANN | {keys.VGPU_NODE: node_name})
+    await pods.patch_annotations(
+        kube, namespace, "claiming", ANN | {keys.VGPU_NODE: node_name}, labels={keys.VGPU_NODE: node_name}
+    )
     h.create_pod(control_plane, namespace, "elsewhere")
-    await pods.patch_allocation(kube, namespace, "elsewhere", ANN | {keys.VGPU_NODE: "another-node"})
+    await pods.patch_annotations(
+        kube,
+        namespace,
+        "elsewhere",
+        ANN | {keys.VGPU_NODE: "another-node"},
+        labels={keys.VGPU_NODE: "another-node"},
+    )
 
     claimed = await pods.list_claimed(kube, node_name)
 
     assert sorted(p.metadata.name for p in claimed) == ["bound", "claiming"]
 
 
-async def test_patch_allocation_sets_annotations_and_label(
+async def test_patch_annotations_sets_annotations_and_labels_under_a_uid_precondition(
     control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str
 ) -> None:
     uid = h.create_pod(control_plane, namespace, "p")["metadata"]["uid"]
     ann = {keys.VGPU_NODE: "n1", keys.DEVICES_ALLOCATED: "GPU-a,NVIDIA,1000,10:;"}
+    label = {keys.VGPU_NODE: "n1"}
 
-    pod = await pods.patch_allocation(kube, namespace, "p", ann, uid=uid)
+    pod = await pods.patch_annotations(kube, namespace, "p", ann, labels=label, uid=uid)
 
     assert pod.metadata.annotations[keys.DEVICES_ALLOCATED] == "GPU-a,NVIDIA,1000,10:;"
     assert pod.metadata.labels[keys.VGPU_NODE] == "n1"
     # The pod was "recreated": the apiserver refuses to change the immutable uid (422).
     with pytest.raises(errors.Invalid, match="immutable"):
-        await pods.patch_allocation(kube, namespace, "p", ann, uid="00000000-0000-0000-0000-000000000000")
+        await pods.patch_annotations(
+            kube, namespace, "p", ann, labels=label, uid="00000000-0000-0000-0000-000000000000"
+        )
     deleted = await pods.patch_annotations(kube, namespace, "p", {keys.DEVICES_ALLOCATED: None})
     assert keys.DEVICES_ALLOCATED not in deleted.metadata.annotations
 

@@ -59,8 +59,13 @@ async def test_nodesim_completes_the_handshake(
     )
     # What the extender's bind does: lock, annotate, bind.
     await locks.acquire(kube, node_name, namespace, "p")
-    await pods.patch_allocation(
-        kube, namespace, "p", pod_devices.bind_annotations(alloc, time.time()), uid=uid
+    await pods.patch_annotations(
+        kube,
+        namespace,
+        "p",
+        pod_devices.bind_annotations(alloc, time.time()),
+        labels={keys.VGPU_NODE: node_name},
+        uid=uid,
     )
     await binding.bind(kube, namespace, "p", uid, node_name)
     sim = nodesim.NodeSim(kube, [node_name])

@@ -189,7 +189,7 @@ class KubeClient:
     """An authenticated, rate-limited connection to one apiserver.
 
     Args:
-        config: one kubeconfig context (see ``from_kubeconfig`` / ``in_cluster`` / ``auto``).
+        config: one kubeconfig context (see ``from_kubeconfig`` / ``auto``).
         qps: sustained request rate (<= 0: unlimited).
         burst: requests allowed back to back.
         timeout: connect/read/write timeout for ordinary requests, seconds.
@@ -238,15 +238,6 @@ class KubeClient:
     ) -> KubeClient:
         """A client for a context (default: the current one) of a kubeconfig file."""
         config = KubeConfig.from_file(path).get(context_name=context)
-        assert config is not None
-        return cls(config, qps=qps, burst=burst, timeout=timeout)
-
-    @classmethod
-    def in_cluster(
-        cls, *, qps: float = DEFAULT_QPS, burst: int = DEFAULT_BURST, timeout: float = DEFAULT_TIMEOUT
-    ) -> KubeClient:
-        """A client using the pod's service account (token re-read on rotation)."""
-        config = KubeConfig.from_service_account().get()
         assert config is not None
         return cls(config, qps=qps, burst=burst, timeout=timeout)
 

@@ -105,23 +105,6 @@ async def patch_labels(
     )
 
 
-async def patch_allocation(
-    kube: kclient.KubeClient,
-    namespace: str,
-    name: str,
-    annotations: Mapping[str, str | None],
-    *,
-    uid: str | None = None,
-) -> objects.Pod:
-    """Write the bind-time annotation set and HAMi's ``hami.io/vgpu-node`` label in one patch.
-
-    The label gets the value of the ``hami.io/vgpu-node`` annotation when the set holds one.
-    """
-    node = annotations.get(keys.VGPU_NODE)
-    labels = {keys.VGPU_NODE: node} if node else None
-    return await patch_annotations(kube, namespace, name, annotations, labels=labels, uid=uid)
-
-
 async def list_claimed(kube: kclient.KubeClient, node: str) -> list[objects.Pod]:
     """Every pod that may claim devices on ``node``: bound to it, or labelled as claiming it.
 
