@@ -90,7 +90,8 @@ def _per_call_us(fn: Any, number: int = 200, repeat: int = 15) -> dict[str, floa
 
 def depth_cost() -> dict[str, Any]:
     """(a): ``too_deep`` and msgspec's decode per call on four filter bodies."""
-    from gpuslice.extender.http import jsondepth, wire
+    from gpuslice.extender import wire
+    from gpuslice.extender.http import jsondepth
 
     rng = random.Random(7)
     names = [f"node-{n:05d}" for n in range(5000)]
