@@ -13,7 +13,7 @@ shuffled and cut to ``--tune`` x capacity as the FGD experiment does (1.0: the e
 U(100) point, the cluster near full), then to at most ``--pods``. Default: 60 nodes (468 GPUs,
 seed 42), 560 pods.
 
-Targets (issue 10): |delta| <= 0.3 pp and >= 95 % of pods on the simulator's node, for binpack,
+Targets: |delta| <= 0.3 pp and >= 95 % of pods on the simulator's node, for binpack,
 fgd and fgd-lookahead.
 
 Run (needs the control plane binaries:

@@ -81,7 +81,8 @@ FAULT_ARGS = (
     "-v",
     "2",
 )
-"""``gpuslice serve`` flags of every replica (short fault settings; see the brief of the tier)."""
+"""``gpuslice serve`` flags of every replica: fault settings short enough that the tier's bounds
+(seconds, not the defaults' minutes) can be checked, and a short own Lease (``lease`` mode)."""
 
 
 def node_spec(node: str) -> dict[str, Any]:

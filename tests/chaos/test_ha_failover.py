@@ -30,7 +30,7 @@ pytestmark = pytest.mark.chaos
 
 PODS = 72
 FAILOVER_BOUND_S = LEASE_DURATION_S + 5.0
-"""The issue's bound: binding resumes on the standby within the lease duration + 5 s."""
+"""The bound this tier holds failover to: binding resumes on the standby within the lease duration + 5 s."""
 BOUND_METRIC = "gpuslice_bind_total"
 
 

@@ -36,7 +36,8 @@ pytestmark = pytest.mark.chaos
 NOTICE_S = 3.0
 """Time the extender gets to notice a node fault (a node watch event) before the node must be avoided."""
 RESTART_BOUND_S = 10.0
-"""The issue's bound: a node whose lock a dead bind left behind schedules again within 10 s."""
+"""The bound this tier holds recovery to: a node whose lock a dead bind left behind schedules again
+within 10 s (with ``conftest.FAULT_ARGS``: 3 s orphan grace, a recovery pass every 0.5 s)."""
 SLACK_S = 2.0
 GARBAGE = "GPU-x,notanint,7680,100,NVIDIA-T4,0,true:"
 """A registration that does not decode (the e2e tier's malformed example)."""

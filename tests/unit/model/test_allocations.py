@@ -24,7 +24,7 @@ RESERVATIONS = [
         {A: U(2, 1500, 30), B: U(1, 700, 0)},
     ),
     (
-        # the brief's example: init 5000 on A, app 1500 on A -> 5000 until done, 1500 after
+        # an init container larger than the app: init 5000 on A, app 1500 on A -> 5000 until done, 1500 after
         "init-peak-above-app",
         alloc("n", ((A, 5000, 0),), ((A, 1500, 0),), init_count=1),
         {A: U(1, 5000, 0)},
