@@ -2,7 +2,7 @@
 
 The check replays the same pods, in the same order, on the same nodes twice: here, through
 ``engine.Placer``, and through a real kube-scheduler calling ``gpuslice serve`` on fake nodes
-(``devcluster.fidelity``; ``bench/bench_fidelity.py`` and ``tests/e2e/test_fidelity.py`` join the
+(``gpuslice_dev.fidelity``; ``bench/bench_fidelity.py`` and ``tests/e2e/test_fidelity.py`` join the
 two halves). Both halves exchange plain data only: node specs and pod manifests go to the cluster,
 ``Placement`` lists come back.
 
@@ -146,7 +146,7 @@ def make_slice(
 
 
 def node_specs(sl: Slice) -> dict[str, dict[str, Any]]:
-    """Node name -> keyword arguments of ``devcluster.nodesim.make_node`` for the slice's nodes.
+    """Node name -> keyword arguments of ``gpuslice_dev.nodesim.make_node`` for the slice's nodes.
 
     Cards as the simulator's (model, memory, 100 cores, ``trace.SPLIT_COUNT`` tasks), and the
     trace's CPU and memory as allocatable, so kube-scheduler's own fit check is the simulator's.
