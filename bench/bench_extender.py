@@ -147,7 +147,7 @@ def serve_memory(port: int, pods: int, seed: int, node_policy: str, node_choice:
     from gpuslice.extender import config, metrics
     from gpuslice.extender.binding import bind as binds
     from gpuslice.extender.http import app as apps
-    from gpuslice.framework import logs, scheduling, view
+    from gpuslice.framework import logs, profile, view
 
     cache = build_cache(pods, seed)
     cache.snapshot()
@@ -159,7 +159,7 @@ def serve_memory(port: int, pods: int, seed: int, node_policy: str, node_choice:
     settings = config.validate(overrides)
     log = logs.Log(0)
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
-    policies = scheduling.Policies.build(settings.node_policy, settings.card_policy, settings.node_choice)
+    policies = profile.Profile.build(settings.node_policy, settings.card_policy, choice=settings.node_choice)
     flow = binds.BindFlow(
         cache=cache,
         binder=_NoBinder(),
@@ -839,7 +839,7 @@ def main() -> None:
         return
     OUT.mkdir(exist_ok=True)
     if args.what in ("latency", "all"):
-        from gpuslice.policy import registry
+        from gpuslice.framework import registry
 
         policies = args.policies.split(",") if args.policies else list(registry.names())
         pods = args.pods if args.pods is not None and args.what == "latency" else 50_000

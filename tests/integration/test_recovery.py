@@ -20,7 +20,7 @@ from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
 from gpuslice.extender import config, feed, metrics, recovery
 from gpuslice.extender.binding import bind, binder
-from gpuslice.framework import logs, scheduling
+from gpuslice.framework import logs, profile
 from gpuslice.kube import client as kclient
 from gpuslice.kube import locks, pods
 from gpuslice_dev import nodesim
@@ -61,7 +61,7 @@ async def stack(kube: kclient.KubeClient) -> AsyncIterator[tuple[feed.Feed, reco
     flow = bind.BindFlow(
         cache=cache,
         binder=binder.KubeBinder(kube),
-        policies=scheduling.Policies.build("binpack", "spread"),
+        policies=profile.Profile.build("binpack", "spread"),
         request_config=SETTINGS.request_config,
         clock=time.time,
         log=log,

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from gpuslice import explaincli
 from gpuslice.cache import cache as caches
 from gpuslice.extender.http import app as apps
-from gpuslice.framework import explain, logs, pending, scheduling
+from gpuslice.framework import cycle, explain, logs, pending, profile, scheduling
 from gpuslice.kube import objects
 from gpuslice.model import requests, status
 from gpuslice.policy import quota as quotas
@@ -23,7 +23,7 @@ from tests.unit.extender import fakes
 
 pytestmark = pytest.mark.unit
 
-POLICIES = scheduling.Policies.build("binpack", "spread", "rank")
+POLICIES = profile.Profile.build("binpack", "spread", choice="rank")
 LOG = logs.Log(0)
 
 
@@ -217,7 +217,9 @@ def test_node_level_reasons_are_the_filters() -> None:
     assert node_of(doc, "cpu-1").code == "UnschedulableAndUnresolvable"
     assert node_of(doc, "gpu-2").code == "Unschedulable"
     assert doc.change == "" and doc.summary == "fits on 1 of 4 nodes"
-    out = scheduling.filter_nodes(cache.snapshot(), pod, names, POLICIES, LOG, invalid, excluded)
+    out = scheduling.filter_nodes(
+        cycle.Cycle.of(POLICIES, cache.snapshot(), pod), names, LOG, invalid, excluded
+    )
     for n in doc.nodes:
         if not n.fits:
             assert (out.failed | out.unresolvable)[n.name] == ",".join(n.reasons)
@@ -400,11 +402,11 @@ def test_explain_agrees_with_the_filter(
     cluster: tuple[caches.ClusterCache, list[str]], pod: requests.PodRequest, card_policy: str
 ) -> None:
     cache, names = cluster
-    policies = scheduling.Policies.build("binpack", card_policy, "rank")
+    policies = profile.Profile.build("binpack", card_policy, choice="rank")
     invalid = {"bad": "bad JSON"}
     excluded = {names[0]: status.NODE_LOCK_HELD} if len(names) > 3 else {}
     snap = cache.snapshot()
-    out = scheduling.filter_nodes(snap, pod, names, policies, LOG, invalid, excluded)
+    out = scheduling.filter_nodes(cycle.Cycle.of(policies, snap, pod), names, LOG, invalid, excluded)
     doc = explain.explain(snap, pod, policies, invalid, excluded, names=names)
     assert list(doc.feasible) == out.feasible
     for n in doc.nodes:

@@ -23,7 +23,7 @@ from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.binding import binder as binders
 from gpuslice.extender.binding import failpoints
 from gpuslice.extender.http import app as apps
-from gpuslice.framework import logs, scheduling, view
+from gpuslice.framework import logs, profile, view
 from gpuslice.kube import objects
 from gpuslice.model import allocations, nodes
 from tests.unit import builders
@@ -386,9 +386,12 @@ def make_deps(
     excluded_nodes = dict(excluded or {})
     log = logs.Log(settings.verbosity)
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
-    policies = scheduling.Policies.build(settings.node_policy, settings.card_policy, settings.node_choice)
-    policies = dataclasses.replace(  # as serve.build sets them
-        policies, job_label=settings.job_label, lock_margin=settings.lock_margin
+    policies = profile.Profile.build(  # as serve.build sets them
+        settings.node_policy,
+        settings.card_policy,
+        choice=settings.node_choice,
+        job_label=settings.job_label,
+        lock_margin=settings.lock_margin,
     )
     events = RecordedEvents()
     binder = binder or FakeBinder()

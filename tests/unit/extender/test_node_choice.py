@@ -14,9 +14,10 @@ from gpuslice.cache import shapes
 from gpuslice.codec import keys
 from gpuslice.extender import config, render
 from gpuslice.extender.http import app as apps
-from gpuslice.framework import scheduling
+from gpuslice.framework import cycle, profile, scheduling
 from gpuslice.model import config as model_config
-from gpuslice.policy import batch
+from gpuslice.policy import api, batch
+from tests.unit import builders
 from tests.unit.builders import node
 from tests.unit.extender import fakes
 
@@ -148,11 +149,10 @@ def test_best_first_yields_every_position_once_best_first() -> None:
 def test_candidate_step_skips_unfit_nodes() -> None:
     # BestFit normalises over the nodes the pod fits; an unfit node neither moves the range nor
     # receives a score.
-    policies = scheduling.Policies.build("bestfit", "spread")
-    pod_policy = policies.by_name["bestfit"]
-    from gpuslice.policy import registry
-
-    out = scheduling.candidate_step(pod_policy, np.array([20, scheduling.UNFIT, 60]), registry.EMPTY_CONTEXT)
+    policies = profile.Profile.build("bestfit", "spread")
+    cyc = cycle.Cycle.detached(policies, builders.pod().gpu(1).obj(), api.EMPTY_CONTEXT, {})
+    assert cyc.node is policies.by_name["bestfit"]
+    out = cyc.stepped(np.array([20, scheduling.UNFIT, 60]))
     assert out.tolist() == [0, scheduling.UNFIT, 100]
 
 

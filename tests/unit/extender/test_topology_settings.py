@@ -116,12 +116,16 @@ def test_filter_with_a_link_requirement() -> None:
             },
         }
     )
-    out = scheduling.filter_nodes(cycle.Cycle.of(policies("binpack"), cache.snapshot(), pod), ["bridged", "pcie"], LOG)
+    out = scheduling.filter_nodes(
+        cycle.Cycle.of(policies("binpack"), cache.snapshot(), pod), ["bridged", "pcie"], LOG
+    )
     assert out.feasible == []
     assert out.failed == {"bridged": status.NVLINK_REQUIRED}  # the pair is busy: preemption could help
     assert out.unresolvable == {"pcie": status.NVLINK_REQUIRED}
     cache.remove_pod("ns/x")
-    out = scheduling.filter_nodes(cycle.Cycle.of(policies("binpack"), cache.snapshot(), pod), ["bridged", "pcie"], LOG)
+    out = scheduling.filter_nodes(
+        cycle.Cycle.of(policies("binpack"), cache.snapshot(), pod), ["bridged", "pcie"], LOG
+    )
     assert out.feasible == ["bridged"]
 
 

@@ -14,10 +14,10 @@ from gpuslice.cache import shapes
 from gpuslice.codec import keys, pod_devices, resources
 from gpuslice.extender import config
 from gpuslice.extender.http import app as apps
-from gpuslice.framework import logs, scheduling
+from gpuslice.framework import cycle, logs, profile, registry, scheduling, view
 from gpuslice.model import config as model_config
 from gpuslice.model import requests
-from gpuslice.policy import registry
+from gpuslice.policy import api
 from tests.unit.builders import node, uuid
 from tests.unit.extender import fakes
 
@@ -46,48 +46,56 @@ ABC = ["a", "b", "c"]
 
 
 def answer(
-    cache: caches.ClusterCache, policies: scheduling.Policies, pod: requests.PodRequest = POD
+    cache: caches.ClusterCache, policies: profile.Profile, pod: requests.PodRequest = POD
 ) -> list[str]:
-    return scheduling.filter_nodes(cache.snapshot(), pod, ABC, policies, LOG).feasible
+    return scheduling.filter_nodes(cycle.Cycle.of(policies, cache.snapshot(), pod), ABC, LOG).feasible
+
+
+def build(node: str, card: str, choice: str = "extender", fallback: str = "bestfit") -> profile.Profile:
+    return profile.Profile.build(node, card, choice=choice, fallback=fallback)
+
+
+def context(snap: view.Snapshot, pod: requests.PodRequest = POD) -> api.Context:
+    """The context the extender judges ``pod`` with on ``snap`` (no clock, no job label)."""
+    return cycle.Cycle.of(profile.Profile.build("spread", "spread"), snap, pod).ctx
 
 
 def test_untrusted_fgd_node_choice_is_the_fallbacks() -> None:
     cache = settings_cache(min_count=2, fallback="bestfit", drift=0.0)
-    fgd = scheduling.Policies.build("fgd", "fgd", "extender", "bestfit")
+    fgd = build("fgd", "fgd", "extender", "bestfit")
     # untrusted (nothing observed): fgd answers as bestfit does, b (the tightest fit)
     assert cache.snapshot().workload is None
-    assert answer(cache, fgd) == answer(cache, scheduling.Policies.build("bestfit", "bestfit")) == ["b"]
+    assert answer(cache, fgd) == answer(cache, profile.Profile.build("bestfit", "bestfit")) == ["b"]
     # fgd with no workload ("pod") measures against the pod's own shape and answers a instead
-    assert answer(cache, scheduling.Policies.build("fgd", "fgd", "extender", "pod")) == ["a"]
+    assert answer(cache, build("fgd", "fgd", "extender", "pod")) == ["a"]
     # two requests observed: trusted, fgd scores against the learned workload itself
     shape = scheduling.shape(cache.snapshot(), POD, ABC)
     cache.observe_request(shape)
     cache.observe_request(shape)
     assert cache.snapshot().workload is not None
     snap = cache.snapshot()
-    ctx = scheduling.context(snap)
-    assert fgd.node(POD, ctx).name == "fgd"
-    assert answer(cache, fgd) == answer(cache, scheduling.Policies.build("fgd", "fgd", "extender", "pod"))
+    assert cycle.Cycle.of(fgd, snap, POD).node.name == "fgd"
+    assert answer(cache, fgd) == answer(cache, build("fgd", "fgd", "extender", "pod"))
 
 
 def test_node_policy_without_context_or_not_learning_is_kept() -> None:
     cache = settings_cache(min_count=5)
-    ctx = scheduling.context(cache.snapshot())
-    p = scheduling.Policies.build("fgd-lookahead", "spread", "extender", "binpack")
-    assert p.node(POD, ctx).name == "binpack"
-    assert p.node(POD).name == "fgd-lookahead"  # no context given: no substitution
-    assert (
-        scheduling.Policies.build("spread", "spread", "extender", "binpack").node(POD, ctx).name == "spread"
-    )
-    assert scheduling.Policies.build("fgd", "fgd", "extender", "pod").node(POD, ctx).name == "fgd"
+    snap = cache.snapshot()
+    assert snap.workload is None
+
+    def acting(p: profile.Profile, pod: requests.PodRequest = POD) -> str:
+        return cycle.Cycle.of(p, snap, pod).node.name
+
+    p = build("fgd-lookahead", "spread", "extender", "binpack")
+    assert acting(p) == "binpack"
+    assert p.node(POD, trusted=True).name == "fgd-lookahead"  # trusted: no substitution
+    assert acting(build("spread", "spread", "extender", "binpack")) == "spread"
+    assert acting(build("fgd", "fgd", "extender", "pod")) == "fgd"
     # a per-pod override naming a learning policy falls back too
     override = resources.parse_pod(
         fakes.gpu_pod("o", mem=16000, annotations={keys.NODE_SCHEDULER_POLICY: "fgd"})
     )
-    assert (
-        scheduling.Policies.build("spread", "spread", "extender", "binpack").node(override, ctx).name
-        == "binpack"
-    )
+    assert acting(build("spread", "spread", "extender", "binpack"), override) == "binpack"
 
 
 def test_learning_card_policy_chooses_by_the_context() -> None:
@@ -96,17 +104,20 @@ def test_learning_card_policy_chooses_by_the_context() -> None:
     state = snap.nodes["n"]
     req = POD.containers[0]
     assert req is not None
-    untrusted = scheduling.context(snap)
-    card = scheduling.Policies.build("fgd", "fgd", "extender", "bestfit").card(POD)
-    assert isinstance(card, scheduling.UntilTrusted) and card.name == "fgd"
+    fgd = build("fgd", "fgd", "extender", "bestfit")
+    untrusted_cycle = cycle.Cycle.of(fgd, snap, POD)
+    untrusted, card = untrusted_cycle.ctx, untrusted_cycle.cards
+    assert untrusted.workload is None
+    assert fgd.card(POD, trusted=True).name == "fgd" and card.name == "bestfit"
     # node n: cards 0 and 1 free, card 2 has 40000 of 81920 MiB taken. bestfit takes the tightest
     # card (2); fgd with the pod's own shape keeps card 2's room and takes card 0
     assert card.choose_cards(state, req, (0, 1, 2), untrusted) == (2,)
-    pod_only = scheduling.Policies.build("fgd", "fgd", "extender", "pod").card(POD)
-    assert not isinstance(pod_only, scheduling.UntilTrusted)
+    pod_only = build("fgd", "fgd", "extender", "pod").card(POD, trusted=False)
+    assert pod_only.name == "fgd"  # workload_fallback: pod, no substitution
     assert pod_only.choose_cards(state, req, (0, 1, 2), untrusted) == (0,)
     cache.observe_request(scheduling.shape(snap, POD, ["n"]))
-    trusted = scheduling.context(cache.snapshot())
+    trusted_cycle = cycle.Cycle.of(fgd, cache.snapshot(), POD)
+    trusted, card = trusted_cycle.ctx, trusted_cycle.cards
     assert trusted.workload is not None
     assert card.choose_cards(state, req, (0, 1, 2), trusted) == pod_only.choose_cards(
         state, req, (0, 1, 2), trusted
@@ -136,10 +147,10 @@ def test_bind_takes_the_fallbacks_cards_until_trusted() -> None:
         assert cache.snapshot().workload is None
         # the second request makes the workload trusted before p2 is scored: fgd's own choice
         snap_before = cache.snapshot()
-        fgd = scheduling.Policies.build("fgd", "fgd", "extender", "pod").card(POD)
+        fgd = build("fgd", "fgd", "extender", "pod").card(POD, trusted=True)
         got = place("p2")
         assert cache.snapshot().workload is not None
-    ctx = scheduling.context(cache.snapshot())
+    ctx = context(cache.snapshot())
     req = POD.containers[0]
     assert req is not None
     expected = fgd.choose_cards(snap_before.nodes["n"], req, (0, 1, 2), ctx)
@@ -186,14 +197,14 @@ def test_invalid_workload_settings_name_the_setting(values: dict[str, object], s
     with pytest.raises(config.ConfigError, match=f"{setting}: "):
         config.validate(values)
     s = model_config.workload_settings(values)
-    problems = shapes.errors(s)
+    problems = registry.workload_errors(s)
     assert [p.setting for p in problems] == [setting]
     assert isinstance(problems[0], ValueError)
 
 
 def test_every_registered_policy_and_pod_are_valid_fallbacks() -> None:
     for name in (*registry.names(), model_config.WORKLOAD_FALLBACK_POD):
-        assert shapes.errors(model_config.WorkloadSettings(fallback=name)) == []
+        assert registry.workload_errors(model_config.WorkloadSettings(fallback=name)) == []
         assert config.validate({"workload_fallback": name}).workload.fallback == name
 
 
@@ -206,8 +217,8 @@ def test_wrong_type_names_the_setting() -> None:
 
 
 def test_policies_refuse_an_unknown_fallback() -> None:
-    with pytest.raises(registry.UnknownPolicyError):
-        scheduling.Policies.build("fgd", "spread", "extender", "nope")
+    with pytest.raises(api.UnknownPolicyError):
+        build("fgd", "spread", "extender", "nope")
 
 
 def test_chart_defaults_equal_the_extenders() -> None:
@@ -228,9 +239,7 @@ def test_policy_context_carries_the_cards_per_model() -> None:
     # fgd-lookahead weighs model-pinned shapes by the share of cards they can use: the context the
     # extender scores with must carry the cache's count (2 + 1 + 4 + 3 A100 cards, then a T4 node)
     cache = settings_cache()
-    assert scheduling.context(cache.snapshot()).capacity == (
-        (node("x").gpus(1).inventory().devices[0].type, 10),
-    )
+    assert context(cache.snapshot()).capacity == ((node("x").gpus(1).inventory().devices[0].type, 10),)
     cache.upsert_node(node("t").gpus(2, model="Tesla T4").host(*HOST).inventory())
-    got = dict(scheduling.context(cache.snapshot()).capacity)
+    got = dict(context(cache.snapshot()).capacity)
     assert got["Tesla T4"] == 2 and sum(got.values()) == 12

@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslice.cache import snapshot
+from gpuslice.framework import registry
 from gpuslice.model import nodes, topology
-from gpuslice.policy import balanced, columns, fit, registry, thermal
+from gpuslice.policy import api, balanced, columns, fit, thermal
 from tests.unit.builders import bridged, node, pod, uuid
 
 pytestmark = pytest.mark.unit
@@ -29,19 +30,17 @@ def with_jobs(state: nodes.NodeState, *js: nodes.JobOnNode) -> nodes.NodeState:
     return msgspec.structs.replace(state, jobs=js)
 
 
-def ctx_for(states: dict[str, nodes.NodeState], job: str = JOB) -> registry.Context:
+def ctx_for(states: dict[str, nodes.NodeState], job: str = JOB) -> api.Context:
     index = snapshot.job_index(states)
-    return dataclasses.replace(
-        registry.EMPTY_CONTEXT, job=job, job_nodes=index.get(job, registry.NO_JOB_NODES)
-    )
+    return dataclasses.replace(api.EMPTY_CONTEXT, job=job, job_nodes=index.get(job, api.NO_JOB_NODES))
 
 
-def both(states: dict[str, nodes.NodeState], p: object, ctx: registry.Context) -> dict[str, int]:
+def both(states: dict[str, nodes.NodeState], p: object, ctx: api.Context) -> dict[str, int]:
     """score_node of every node, after checking score_columns agrees."""
     slow = {n: POLICY.score_node(s, p, ctx).score for n, s in states.items()}  # type: ignore[arg-type]
     cols = columns.build(list(states.values()))
     names = list(states)
-    fast = POLICY.score_columns(cols, cols.rows(names), p, ctx)  # type: ignore[attr-defined]
+    fast = POLICY.policy.score_columns(cols, cols.rows(names), p, ctx)  # type: ignore[attr-defined]
     assert dict(zip(names, fast.tolist(), strict=True)) == slow
     return slow
 
@@ -96,7 +95,7 @@ def test_without_topology_the_same_node_counts_as_close() -> None:
 def test_no_job_or_a_first_pod_keeps_like_joins_like() -> None:
     a = node("a").gpus(2, memory=10000).used(0, memory=4000).state()
     p = pod().gpu(1, memory=3000).obj()
-    plain = POLICY.score_node(a, p, registry.EMPTY_CONTEXT).score
+    plain = POLICY.score_node(a, p, api.EMPTY_CONTEXT).score
     first = ctx_for({"a": a})  # the job has no placed pod
     assert not first.job_nodes
     assert POLICY.score_node(a, p, first).score == plain == 57  # test_balanced's joins-emptier-card
@@ -157,14 +156,14 @@ NOW = 1_800_000_000.0
 
 def test_fresh_telemetry_counts() -> None:
     states = hot_and_cool(NOW - 60)
-    ctx = dataclasses.replace(registry.EMPTY_CONTEXT, now=NOW, telemetry_max_age_s=120.0)
+    ctx = dataclasses.replace(api.EMPTY_CONTEXT, now=NOW, telemetry_max_age_s=120.0)
     scores = both(states, pod().gpu(1, memory=1000).obj(), ctx)
     assert scores["cool"] > scores["hot"]
 
 
 def test_stale_telemetry_counts_as_absent() -> None:
     states = hot_and_cool(NOW - 121)
-    ctx = dataclasses.replace(registry.EMPTY_CONTEXT, now=NOW, telemetry_max_age_s=120.0)
+    ctx = dataclasses.replace(api.EMPTY_CONTEXT, now=NOW, telemetry_max_age_s=120.0)
     p = pod().gpu(1, memory=1000).obj()
     scores = both(states, p, ctx)
     assert scores["cool"] == scores["hot"]
@@ -172,7 +171,7 @@ def test_stale_telemetry_counts_as_absent() -> None:
         n: msgspec.structs.replace(s, inventory=msgspec.structs.replace(s.inventory, telemetry=()))
         for n, s in states.items()
     }
-    assert scores == both(bare, p, registry.EMPTY_CONTEXT)  # exactly as without readings
+    assert scores == both(bare, p, api.EMPTY_CONTEXT)  # exactly as without readings
     placed = fit.place(states["hot"], p, POLICY, ctx)
     assert placed.allocation is not None
     assert balanced.components(states["hot"], p, placed.allocation, ctx)[2] == balanced.NEUTRAL
@@ -217,7 +216,7 @@ def test_columns_agree_with_score_node_under_telemetry_age(
         n: stamped(n, t, None if age is None else NOW - age)
         for n, t, age in zip(("a", "b", "c"), temps, ages, strict=True)
     }
-    ctx = dataclasses.replace(registry.EMPTY_CONTEXT, now=NOW, telemetry_max_age_s=max_age)
+    ctx = dataclasses.replace(api.EMPTY_CONTEXT, now=NOW, telemetry_max_age_s=max_age)
     both(states, pod().gpu(1, memory=1000).obj(), ctx)
 
 

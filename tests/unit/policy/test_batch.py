@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslice.framework import cycle, profile, registry
 from gpuslice.model import nodes, requests, status
-from gpuslice.policy import batch, chains, columns, fit, quota, registry
+from gpuslice.policy import api, batch, columns, fit, quota, vectorfit
 from tests.unit.builders import node, pod
 from tests.unit.policy import strategies
 
@@ -46,26 +47,26 @@ def test_fast_path_matches_place(
     qv: quota.QuotaView | None,
 ) -> None:
     policy = registry.get(policy_name)
-    card = chains.card_policy(card_value)
+    card = registry.card_policy(card_value)
     by_name = {s.name: s for s in states}
     cols = columns.build(list(states))
     names = [s.name for s in states] + ["ghost"]
-    if batch.fast_request(req, qv) is None:
+    if vectorfit.request_of(req, qv) is None:
         qv = None  # percentage requests with a limited quota take the exact path; test without
-    assert batch.fast_request(req, qv) is not None
-    ev = batch.evaluate(by_name, cols, names, req, policy, card, registry.EMPTY_CONTEXT, qv)
-    slow = batch.evaluate(by_name, None, names, req, policy, card, registry.EMPTY_CONTEXT, qv)
+    assert vectorfit.request_of(req, qv) is not None
+    ev = batch.evaluate(by_name, cols, names, req, policy, card, api.EMPTY_CONTEXT, qv)
+    slow = batch.evaluate(by_name, None, names, req, policy, card, api.EMPTY_CONTEXT, qv)
     for i, name in enumerate(names):
         if name == "ghost":
             assert ev.failures[name][0] == status.Status(
                 status.Code.UNRESOLVABLE, (status.NODE_UNREGISTERED,)
             )
             continue
-        p = fit.place(by_name[name], req, card, registry.EMPTY_CONTEXT, qv)
+        p = fit.place(by_name[name], req, card, api.EMPTY_CONTEXT, qv)
         assert bool(ev.feasible[i]) == p.status.ok
         assert bool(slow.feasible[i]) == p.status.ok
         if p.status.ok:
-            assert ev.scores[i] == policy.score_node(by_name[name], req, registry.EMPTY_CONTEXT).score
+            assert ev.scores[i] == policy.score_node(by_name[name], req, api.EMPTY_CONTEXT).score
             assert slow.scores[i] == ev.scores[i]
         else:
             assert ev.failures[name] == (p.status, p.card_reasons)
@@ -73,14 +74,14 @@ def test_fast_path_matches_place(
 
 
 def test_which_pods_take_the_fast_path() -> None:
-    assert batch.fast_request(pod().gpu(1).types("a100").obj(), None) is not None
-    assert batch.fast_request(pod().gpu(1).obj(), quota.QuotaView(count_limit=1)) is not None
-    assert batch.fast_request(pod().gpu(1, pct=50).obj(), quota.QuotaView(count_limit=1)) is None
-    assert batch.fast_request(pod().gpu(1, pct=50).obj(), quota.QuotaView()) is not None
-    assert batch.fast_request(pod().gpu(1).uuids("GPU-x").obj(), None) is None
-    assert batch.fast_request(pod().gpu(1).numa_bind().obj(), None) is None
-    assert batch.fast_request(pod().init_gpu(1).gpu(1).obj(), None) is None
-    assert batch.fast_request(pod().gpu(1).gpu(1).obj(), None) is None
+    assert vectorfit.request_of(pod().gpu(1).types("a100").obj(), None) is not None
+    assert vectorfit.request_of(pod().gpu(1).obj(), quota.QuotaView(count_limit=1)) is not None
+    assert vectorfit.request_of(pod().gpu(1, pct=50).obj(), quota.QuotaView(count_limit=1)) is None
+    assert vectorfit.request_of(pod().gpu(1, pct=50).obj(), quota.QuotaView()) is not None
+    assert vectorfit.request_of(pod().gpu(1).uuids("GPU-x").obj(), None) is None
+    assert vectorfit.request_of(pod().gpu(1).numa_bind().obj(), None) is None
+    assert vectorfit.request_of(pod().init_gpu(1).gpu(1).obj(), None) is None
+    assert vectorfit.request_of(pod().gpu(1).gpu(1).obj(), None) is None
 
 
 def test_ranked_and_choose() -> None:
@@ -122,11 +123,17 @@ def test_first_placed_takes_the_best_node_that_places() -> None:
 
 def test_acting_policy_is_the_fallback_only_for_a_learning_one_while_untrusted() -> None:
     fgd, bp, spread = registry.get("fgd"), registry.get("binpack"), registry.get("spread")
-    workload = registry.Workload((registry.Shape(cpu_milli=0, share_milli=500, count=1),), (1.0,))
-    assert registry.acting(fgd, bp, None) is bp
-    assert registry.acting(fgd, bp, workload) is fgd
-    assert registry.acting(fgd, None, None) is fgd  # workload_fallback: pod
-    assert registry.acting(spread, bp, None) is spread
+    workload = api.Workload((api.Shape(cpu_milli=0, share_milli=500, count=1),), (1.0,))
+    req = pod().gpu(1).obj()
+
+    def acting(policy: api.Plugin, fallback: api.Plugin | None, w: api.Workload | None) -> api.Plugin:
+        prof = profile.Profile.of_plugins(policy, fallback)
+        return cycle.Cycle.detached(prof, req, api.Context(workload=w), {}).node
+
+    assert acting(fgd, bp, None) is bp
+    assert acting(fgd, bp, workload) is fgd
+    assert acting(fgd, None, None) is fgd  # workload_fallback: pod
+    assert acting(spread, bp, None) is spread
 
 
 def test_columns_builder_reuses_rows_and_grows() -> None:

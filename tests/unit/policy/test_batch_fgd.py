@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslice.framework import registry
 from gpuslice.model import nodes, requests
-from gpuslice.policy import batch, chains, columns, fragcolumns, fragmentation, fragscore, registry
+from gpuslice.policy import api, batch, columns, fragcolumns, fragmentation, fragscore, vectorfit
 from tests.unit.builders import node, pod
 from tests.unit.policy import strategies
 
@@ -27,28 +28,26 @@ UNIT = fragscore.UNIT
 cpus = st.sampled_from((0, 1000, 4000, 8000)) | st.integers(0, 20000)
 types = st.sampled_from(((), ("A100",), ("V100",), ("a100", "V100"), ("H100",)))
 shapes = st.one_of(
-    st.builds(registry.Shape, cpu_milli=cpus, share_milli=st.just(0), count=st.just(0)),
+    st.builds(api.Shape, cpu_milli=cpus, share_milli=st.just(0), count=st.just(0)),
     st.builds(
-        registry.Shape,
+        api.Shape,
         cpu_milli=cpus,
         share_milli=st.sampled_from((0, 100, 250, 300, 500, 999)) | st.integers(1, 999),
         count=st.integers(1, 8),
         types=types,
     ),
-    st.builds(
-        registry.Shape, cpu_milli=cpus, share_milli=st.just(1000), count=st.integers(1, 8), types=types
-    ),
+    st.builds(api.Shape, cpu_milli=cpus, share_milli=st.just(1000), count=st.integers(1, 8), types=types),
 )
 
 
 @st.composite
-def workloads(draw: st.DrawFn) -> registry.Workload | None:
+def workloads(draw: st.DrawFn) -> api.Workload | None:
     """None (the pod's own shape) or a histogram of 1-12 shapes with random weights."""
     if draw(st.integers(0, 5)) == 0:
         return None
     chosen = draw(st.lists(shapes, min_size=1, max_size=12, unique=True))
     weights = draw(st.lists(st.integers(1, 50), min_size=len(chosen), max_size=len(chosen)))
-    return registry.Workload(tuple(chosen), tuple(w / sum(weights) for w in weights))
+    return api.Workload(tuple(chosen), tuple(w / sum(weights) for w in weights))
 
 
 @st.composite
@@ -81,7 +80,7 @@ def capacities(draw: st.DrawFn, states: tuple[nodes.NodeState, ...]) -> tuple[tu
         return ()
     models = [d.type for s in states for d in s.inventory.devices]
     if mode == "cluster":
-        return registry.model_capacity(models)
+        return api.model_capacity(models)
     names = sorted({*models, *MODEL_NAMES} - {""})
     counts = draw(st.lists(st.integers(0, 64), min_size=len(names), max_size=len(names)))
     return tuple((n, c) for n, c in zip(names, counts, strict=True) if c > 0)
@@ -105,17 +104,17 @@ def test_fast_path_matches_exact_path(
     policy_name: str,
     states: tuple[nodes.NodeState, ...],
     req: requests.PodRequest,
-    workload: registry.Workload | None,
+    workload: api.Workload | None,
     card_value: str,
     data: st.DataObject,
 ) -> None:
     policy = registry.get(policy_name)
-    card = chains.card_policy(card_value)
-    ctx = registry.Context(workload=workload, capacity=data.draw(capacities(states)))
+    card = registry.card_policy(card_value)
+    ctx = api.Context(workload=workload, capacity=data.draw(capacities(states)))
     by_name = {s.name: s for s in states}
     cols = columns.build(list(states))
     names = [s.name for s in states] + ["ghost"]
-    assert batch.fast_request(req, None) is not None
+    assert vectorfit.request_of(req, None) is not None
     fast = batch.evaluate(by_name, cols, names, req, policy, card, ctx)
     exact = batch.evaluate(by_name, None, names, req, policy, card, ctx)
     assert fast.feasible.tolist() == exact.feasible.tolist()
@@ -140,14 +139,14 @@ def test_score_columns_equals_score_node_on_every_row(
     policy_name: str,
     states: tuple[nodes.NodeState, ...],
     req: requests.PodRequest,
-    workload: registry.Workload | None,
+    workload: api.Workload | None,
     data: st.DataObject,
 ) -> None:
     # every row, feasible or not, nodes of up to 16 cards and without cards: the kernel is total
     policy = registry.get(policy_name)
-    ctx = registry.Context(workload=workload, capacity=data.draw(capacities(states)))
+    ctx = api.Context(workload=workload, capacity=data.draw(capacities(states)))
     cols = columns.build(list(states))
-    got = policy.score_columns(cols, cols.rows([s.name for s in states]), req, ctx)  # type: ignore[attr-defined]
+    got = policy.policy.score_columns(cols, cols.rows([s.name for s in states]), req, ctx)  # type: ignore[attr-defined]
     assert got.tolist() == [policy.score_node(s, req, ctx).score for s in states]
 
 
@@ -159,7 +158,7 @@ def test_a_workload_change_rebuilds_the_tables() -> None:
     rows = cols.rows(["a", "b"])
     req = pod().gpu(1, memory=20000).obj()
     for share in (300, 700, 300):
-        ctx = registry.Context(workload=registry.Workload((registry.Shape(0, share, 1),), (1.0,)))
+        ctx = api.Context(workload=api.Workload((api.Shape(0, share, 1),), (1.0,)))
         assert fgd.score_columns(cols, rows, req, ctx).tolist() == [
             fgd.score_node(s, req, ctx).score for s in states
         ]
@@ -174,11 +173,11 @@ def test_more_than_a_whole_card_free_takes_the_exact_path() -> None:
     )
     cols = columns.build([state])
     req = pod().gpu(1, memory=300).obj()
-    ctx = registry.Context(workload=registry.Workload((registry.Shape(0, 400, 1),), (1.0,)))
+    ctx = api.Context(workload=api.Workload((api.Shape(0, 400, 1),), (1.0,)))
     assert fragcolumns.read(cols, cols.rows(["n"])).free[:, :2].tolist() == [[1000, 1000]]  # cores cap it
     for name in POLICIES:
         policy = registry.get(name)
-        assert policy.score_columns(cols, cols.rows(["n"]), req, ctx).tolist() == [  # type: ignore[attr-defined]
+        assert policy.policy.score_columns(cols, cols.rows(["n"]), req, ctx).tolist() == [  # type: ignore[attr-defined]
             policy.score_node(state, req, ctx).score
         ]
     big = nodes.NodeState(
@@ -189,7 +188,7 @@ def test_more_than_a_whole_card_free_takes_the_exact_path() -> None:
     assert fragcolumns.score_rows(cols, cols.rows(["n"]), req, lambda d: pytest.fail("no plan")) is None
     for name in POLICIES:
         policy = registry.get(name)
-        assert policy.score_columns(cols, cols.rows(["n"]), req, ctx).tolist() == [  # type: ignore[attr-defined]
+        assert policy.policy.score_columns(cols, cols.rows(["n"]), req, ctx).tolist() == [  # type: ignore[attr-defined]
             policy.score_node(big, req, ctx).score
         ]
 
@@ -211,7 +210,7 @@ def test_integer_weights(weights: tuple[float, ...], units: tuple[int, ...]) -> 
 def test_measure_is_an_exact_integer() -> None:
     # M = 1/3 of a 500-share shape + 2/3 of a whole card; one card of 1000 and one of 300 free:
     # share 500: fits (1000 >= 500) -> slivers 300; whole: fits -> slivers 300: F = 300 * (w1 + w2)
-    m = registry.Workload((registry.Shape(0, 500, 1), registry.Shape(0, 1000, 1)), (1 / 3, 2 / 3))
+    m = api.Workload((api.Shape(0, 500, 1), api.Shape(0, 1000, 1)), (1 / 3, 2 / 3))
     frag = fragmentation.Fragmentation(m)
     assert frag.of("G", 0, (1000, 300)) == 300 * (366503875925 + 733007751851)
     assert isinstance(frag.of("G", 0, (1000, 300)), int)
@@ -256,8 +255,8 @@ def test_a_zero_decrease_scores_fifty_on_both_paths() -> None:
     # below 500, so F = 0 both times (FGD): a decrease of exactly 0 -> 50, on both paths.
     # fgd-lookahead: before, 2 tasks (CPU 8000 / 4000) use both cards: F = 0; after, 1 task uses the
     # 1000 card and 500 is left: F = 500 * UNIT -> decrease -500 milli -> int(100 * sigmoid(-0.5)) = 37.
-    m = registry.Workload((registry.Shape(4000, 500, 1),), (1.0,))
-    ctx = registry.Context(workload=m)
+    m = api.Workload((api.Shape(4000, 500, 1),), (1.0,))
+    ctx = api.Context(workload=m)
     state = node("n").gpus(2).host(8000, 0).state()
     req = requests.PodRequest(
         name="p", containers=(requests.ContainerRequest(count=1, memory_percentage=50),), cpu_milli=4000
@@ -279,8 +278,8 @@ def test_a_rational_tie_broken_by_rounding_still_scores_fifty() -> None:
     # equal as rationals (1000/3); in units 1000 * 366503875925 = 366503875925000 against
     # 900 * 366503875925 + 200 * 183251937963 = 366503875925100: a decrease of -100 units, which
     # the float formula would call 49 (0.5 - 2e-17); within TIE it is a tie, 50.
-    m = registry.Workload(
-        (registry.Shape(0, 200, 1), registry.Shape(0, 1000, 1), registry.Shape(0, 300, 1)),
+    m = api.Workload(
+        (api.Shape(0, 200, 1), api.Shape(0, 1000, 1), api.Shape(0, 300, 1)),
         (1 / 2, 1 / 3, 1 / 6),
     )
     assert fragscore.quantize(m.weights) == (2**39, 366503875925, 183251937963)
@@ -294,7 +293,7 @@ def test_a_rational_tie_broken_by_rounding_still_scores_fifty() -> None:
     fgd = fragmentation.FGD()
     # card 1 gives the tie (50); card 0 (700 -> 600) leaves F = 1/3 * 900 = 300, a decrease of
     # 33.3 milli -> int(100 * sigmoid(0.0333)) = 50 as well
-    assert fgd.score_node(state, req, registry.Context(workload=m)).score == 50
+    assert fgd.score_node(state, req, api.Context(workload=m)).score == 50
 
 
 @pytest.mark.parametrize("policy_name", POLICIES)
@@ -317,19 +316,19 @@ def test_mixed_models_and_card_memories(policy_name: str, request_: requests.Con
         node("c").gpus(8, model=a100).host(64000, 0, cpu_used=60000).state(),
         node("d").gpus(2, model=v100, memory=32768).used(0, memory=8000, cores=10).host(16000, 0).state(),
     ]
-    m = registry.Workload(
+    m = api.Workload(
         (
-            registry.Shape(4000, 500, 1),
-            registry.Shape(8000, 1000, 1, ("A100",)),
-            registry.Shape(2000, 250, 2, ("V100",)),
-            registry.Shape(1000, 0, 0),
+            api.Shape(4000, 500, 1),
+            api.Shape(8000, 1000, 1, ("A100",)),
+            api.Shape(2000, 250, 2, ("V100",)),
+            api.Shape(1000, 0, 0),
         ),
         (0.4, 0.3, 0.2, 0.1),
     )
     # the A100 shape is scarce here: half the GPU demand (300 of 600 milli) can use only a third of the cards
-    ctx = registry.Context(workload=m, capacity=((a100, 4), (v100, 8)))
+    ctx = api.Context(workload=m, capacity=((a100, 4), (v100, 8)))
     policy = registry.get(policy_name)
     req = requests.PodRequest(name="p", containers=(request_,), cpu_milli=2000)
     cols = columns.build(states)
-    got = policy.score_columns(cols, cols.rows([s.name for s in states]), req, ctx)  # type: ignore[attr-defined]
+    got = policy.policy.score_columns(cols, cols.rows([s.name for s in states]), req, ctx)  # type: ignore[attr-defined]
     assert got.tolist() == [policy.score_node(s, req, ctx).score for s in states]

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslice.framework import registry
 from gpuslice.model import nodes, requests
-from gpuslice.policy import balanced, batch, chains, columns, fit, registry, shares, thermal
+from gpuslice.policy import api, balanced, batch, columns, fit, shares, thermal, vectorfit
 from tests.unit.builders import node, pod
 from tests.unit.policy import strategies
 from tests.unit.sim_builders import sim_state
@@ -78,25 +79,25 @@ def test_fast_path_matches_exact_path(
     seed: int,
 ) -> None:
     policy = registry.get(policy_name)
-    card = policy if card_value == "self" else chains.card_policy(card_value)
-    assert callable(getattr(policy, "score_columns", None))
+    card = policy if card_value == "self" else registry.card_policy(card_value)
+    assert policy.batch is not None
     by_name = {s.name: s for s in states}
     cols = columns.build(list(states))
     names = [s.name for s in states] + ["ghost"]
-    assert batch.fast_request(req, None) is not None
-    ctx = registry.Context(rng=np.random.default_rng(seed))
+    assert vectorfit.request_of(req, None) is not None
+    ctx = api.Context(rng=np.random.default_rng(seed))
     ev = batch.evaluate(by_name, cols, names, req, policy, card, ctx)
     slow = batch.evaluate(
-        by_name, None, names, req, policy, card, registry.Context(rng=np.random.default_rng(seed))
+        by_name, None, names, req, policy, card, api.Context(rng=np.random.default_rng(seed))
     )
     assert ev.feasible.tolist() == slow.feasible.tolist()
     assert ev.scores.tolist() == slow.scores.tolist()
     assert ev.failures == slow.failures
     for i, name in enumerate(names[:-1]):
-        p = fit.place(by_name[name], req, card, registry.Context(rng=np.random.default_rng(seed)))
+        p = fit.place(by_name[name], req, card, api.Context(rng=np.random.default_rng(seed)))
         assert bool(ev.feasible[i]) == p.status.ok
         if p.status.ok:
-            assert ev.scores[i] == policy.score_node(by_name[name], req, registry.EMPTY_CONTEXT).score
+            assert ev.scores[i] == policy.score_node(by_name[name], req, api.EMPTY_CONTEXT).score
 
 
 @pytest.mark.parametrize("policy_name", POLICIES)
@@ -110,11 +111,11 @@ def test_score_columns_on_every_row(
     cols = columns.build(list(states))
     order = list(reversed(states))
     rows = cols.rows([s.name for s in order])
-    got = policy.score_columns(cols, rows, req, registry.EMPTY_CONTEXT)  # type: ignore[attr-defined]
+    got = policy.policy.score_columns(cols, rows, req, api.EMPTY_CONTEXT)  # type: ignore[attr-defined]
     for s, score in zip(order, got.tolist(), strict=True):
         placed = fit.place(s, req, policy)
         if placed.status.ok or policy_name != "balanced":
-            assert score == policy.score_node(s, req, registry.EMPTY_CONTEXT).score
+            assert score == policy.score_node(s, req, api.EMPTY_CONTEXT).score
 
 
 @settings(max_examples=100, deadline=None)
@@ -162,10 +163,8 @@ def test_clustering_reads_recorded_tags_from_columns() -> None:
     cols = columns.build([tagged, untagged])
     two = pod().gpu(2, cores=100).obj()
     policy = registry.get("clustering")
-    got = policy.score_columns(cols, cols.rows(["t", "u"]), two, registry.EMPTY_CONTEXT)  # type: ignore[attr-defined]
-    assert got.tolist() == [
-        policy.score_node(s, two, registry.EMPTY_CONTEXT).score for s in (tagged, untagged)
-    ]
+    got = policy.policy.score_columns(cols, cols.rows(["t", "u"]), two, api.EMPTY_CONTEXT)  # type: ignore[attr-defined]
+    assert got.tolist() == [policy.score_node(s, two, api.EMPTY_CONTEXT).score for s in (tagged, untagged)]
     # b = 25 * (8000 - 2000) // 8000 = 18; recorded {2-gpu}: + 75; estimated {1-gpu}: + 0
     assert got.tolist() == [93, 18]
 
@@ -174,8 +173,8 @@ def test_random_scores_without_drawing() -> None:
     rng = np.random.default_rng(5)
     before = rng.bit_generator.state
     cols = columns.build([node("a").gpus(2).state(), node("b").gpus(1).state()])
-    got = registry.get("random").score_columns(  # type: ignore[attr-defined]
-        cols, cols.rows(["a", "b"]), pod().gpu(1, memory=100).obj(), registry.Context(rng=rng)
+    got = registry.get("random").policy.score_columns(  # type: ignore[attr-defined]
+        cols, cols.rows(["a", "b"]), pod().gpu(1, memory=100).obj(), api.Context(rng=rng)
     )
     assert got.tolist() == [0, 0]
     assert rng.bit_generator.state == before
@@ -199,5 +198,5 @@ def test_balanced_fast_path_breaks_ties_by_headroom_then_index() -> None:
         placed = fit.place(state, req, policy)
         assert placed.allocation is not None
         assert tuple(sorted(int(g.uuid.rsplit("-", 1)[1]) for g in placed.allocation.containers[0])) == cards
-        got = policy.score_columns(cols, cols.rows(["a"]), req, registry.EMPTY_CONTEXT)  # type: ignore[attr-defined]
+        got = policy.policy.score_columns(cols, cols.rows(["a"]), req, api.EMPTY_CONTEXT)  # type: ignore[attr-defined]
         assert got.tolist() == [balanced.components(state, req, placed.allocation)[-1]]

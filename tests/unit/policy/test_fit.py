@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpuslice.framework import registry
 from gpuslice.model import allocations, devices, nodes, requests, status
-from gpuslice.policy import fit, quota, registry
+from gpuslice.policy import api, fit, quota
 from tests.unit.builders import V100, node, pod, uuid
 
 pytestmark = pytest.mark.unit
@@ -250,7 +251,7 @@ def test_failure_reasons(
     reasons: tuple[str, ...],
     card_reasons: fit.CardReasons | None,
 ) -> None:
-    got = fit.place(state, req, BINPACK, registry.EMPTY_CONTEXT, qv)
+    got = fit.place(state, req, BINPACK, api.EMPTY_CONTEXT, qv)
     assert got.allocation is None
     assert got.status == status.Status(code, reasons)
     if card_reasons is not None:
@@ -327,18 +328,18 @@ def test_quota_counts_earlier_app_containers() -> None:
 
 class _Refuse:
     name = "refuse"
+    idle_only = False
+    learns_workload = False
 
-    def score_node(
-        self, state: nodes.NodeState, pod: requests.PodRequest, ctx: registry.Context
-    ) -> registry.Scored:
-        return registry.Scored(0)
+    def score_node(self, state: nodes.NodeState, pod: requests.PodRequest, ctx: api.Context) -> api.Scored:
+        return api.Scored(0)
 
     def choose_cards(
         self,
         state: nodes.NodeState,
         request: requests.ContainerRequest,
         eligible: tuple[int, ...],
-        ctx: registry.Context,
+        ctx: api.Context,
     ) -> tuple[int, ...] | None:
         return None
 

@@ -36,11 +36,11 @@ import pytest
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import errors, keys, resources
-from gpuslice.framework import scheduling
+from gpuslice.framework import profile, registry
 from gpuslice.kube import objects
 from gpuslice.model import allocations, devices, nodes, requests, status, topology
 from gpuslice.model import config as model_config
-from gpuslice.policy import chains, fit, registry, usage
+from gpuslice.policy import api, fit, usage
 from gpuslice.policy import quota as quotas
 from tests.unit.builders import A100, alloc, node, pod
 
@@ -944,7 +944,7 @@ def test_normalize_coresreq(given: int, want: int) -> None:
 
 @pytest.mark.parametrize("case", [pytest_param(c) for c in FIT_CASES])
 def test_fit(case: FitCase) -> None:
-    got = fit.place(case.state, case.pod, chains.card_policy(case.policy), registry.EMPTY_CONTEXT, case.quota)
+    got = fit.place(case.state, case.pod, registry.card_policy(case.policy), api.EMPTY_CONTEXT, case.quota)
     if not case.reasons:
         assert got.status.ok, (got.status, got.card_reasons)
         if case.cards is not None:
@@ -977,7 +977,7 @@ def test_restricting_cards_is_choosing_on_a_smaller_node() -> None:
         ("binpack,numa", "GPU-b"),
         ("spread,numa", "GPU-c"),
     ):
-        policy = chains.card_policy(value)
+        policy = registry.card_policy(value)
         a = picked(fit.place(hnode(*devs), restricted, policy))
         b = picked(fit.place(hnode(*devs[1:]), plain, policy))
         assert a == b == [[want]], value
@@ -1281,7 +1281,7 @@ def test_shared_card_capacity_is_released_on_delete() -> None:
     c = caches.ClusterCache()
     c.upsert_node(node("n").card(uuid_="g0", memory=10000, cores=60).inventory())
     req = parsed(gpu(1, pct=30, cores=30))
-    policy = chains.card_policy("binpack")
+    policy = registry.card_policy("binpack")
     for key in ("default/first", "default/second"):
         got = fit.place(c.snapshot().nodes["n"], req, policy)
         assert got.allocation is not None and picked(got) == [["g0"]]
@@ -1535,10 +1535,10 @@ POLICY_CASES = [
 @pytest.mark.parametrize("case", [pytest_param(c) for c in POLICY_CASES])
 def test_card_policy_value(case: PolicyCase) -> None:
     if case.want == REFUSED:
-        with pytest.raises(registry.UnknownPolicyError):
-            chains.card_policy(case.value)
+        with pytest.raises(api.UnknownPolicyError):
+            registry.card_policy(case.value)
         return
-    assert chains.card_policy(case.value).name == case.want
+    assert registry.card_policy(case.value).name == case.want
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1606,10 +1606,10 @@ DEFAULT_CASES = [
 
 @pytest.mark.parametrize("case", [pytest_param(c) for c in DEFAULT_CASES])
 def test_policy_annotation_against_the_configured_default(case: DefaultCase) -> None:
-    policies = scheduling.Policies.build(case.node_default, case.card_default)
+    policies = profile.Profile.build(case.node_default, case.card_default)
     key = keys.GPU_SCHEDULER_POLICY if case.which == "card" else keys.NODE_SCHEDULER_POLICY
     p = parsed(gpu(1, mem=100), annotations={key: case.annotation})
-    got = policies.card(p) if case.which == "card" else policies.node(p)
+    got = policies.card(p, trusted=True) if case.which == "card" else policies.node(p, trusted=True)
     assert got is not None, "the pod's policy is unknown: InvalidRequest on every node"
     assert got.name == case.want
 
@@ -1685,12 +1685,12 @@ class NodeCase:
 def choose_node(case: NodeCase) -> tuple[str, fit.Placement]:
     """kube-scheduler's pick among the nodes that fit: the highest node-policy score, then the name."""
     node_policy = registry.get(case.node_policy)
-    card_policy = chains.card_policy(case.card_policy)
+    card_policy = registry.card_policy(case.card_policy)
     fitting = []
     for state in case.states:
         got = fit.place(state, case.pod, card_policy)
         if got.status.ok:
-            score = node_policy.score_node(state, case.pod, registry.EMPTY_CONTEXT).score
+            score = node_policy.score_node(state, case.pod, api.EMPTY_CONTEXT).score
             fitting.append((-score, state.inventory.name, got))
     assert fitting, "no node fits"
     _, name, got = min(fitting, key=lambda t: (t[0], t[1]))

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import errors, keys, resources
+from gpuslice.framework import registry
 from gpuslice.model import allocations, nodes, requests, status, topology
-from gpuslice.policy import chains, fit, quota, registry
+from gpuslice.policy import api, chains, fit, quota
 from tests.unit.builders import alloc, node, pod, uuid
 from tests.unit.policy import strategies
 
@@ -40,14 +41,14 @@ def chosen(p: fit.Placement, container: int = 0) -> list[str]:
     ],
 )
 def test_chains_are_card_policies(value: str, name: str, idle_only: bool) -> None:
-    got = chains.card_policy(value)
+    got = registry.card_policy(value)
     assert got.name == name
-    assert registry.idle_only(got) is idle_only
+    assert got.idle_only is idle_only
 
 
 @pytest.mark.parametrize("value", ["binpack", " spread ", "topology-aware", "fgd", "binpack,binpack"])
 def test_a_single_registered_name_is_that_policy(value: str) -> None:
-    got = chains.card_policy(value)
+    got = registry.card_policy(value)
     assert got.name == value.split(",")[0].strip()
     assert not isinstance(got, chains.Chain)
 
@@ -63,8 +64,8 @@ def test_a_single_registered_name_is_that_policy(value: str) -> None:
     ],
 )
 def test_invalid_card_policies_are_refused_with_the_item_named(value: str, says: str) -> None:
-    with pytest.raises(registry.UnknownPolicyError, match=says):
-        chains.card_policy(value)
+    with pytest.raises(api.UnknownPolicyError, match=says):
+        registry.card_policy(value)
 
 
 # ----- what the chains choose
@@ -72,13 +73,13 @@ def test_invalid_card_policies_are_refused_with_the_item_named(value: str, says:
 
 def test_mutex_takes_only_idle_cards() -> None:
     state = node("n").gpus(3).used(0, memory=1000).used(2, memory=1000).state()
-    got = fit.place(state, pod().gpu(1, memory=1000).obj(), chains.card_policy("mutex"))
+    got = fit.place(state, pod().gpu(1, memory=1000).obj(), registry.card_policy("mutex"))
     assert chosen(got) == [uuid("n", 1)]
 
 
 def test_mutex_on_a_busy_node_names_the_exclusive_conflict() -> None:
     state = node("n").gpus(2).used(0, memory=1000).used(1, memory=1000).state()
-    got = fit.place(state, pod().gpu(1, memory=1000).obj(), chains.card_policy("mutex,spread"))
+    got = fit.place(state, pod().gpu(1, memory=1000).obj(), registry.card_policy("mutex,spread"))
     assert got.status == status.Status(U, (status.EXCLUSIVE_CONFLICT,))
     assert got.card_reasons == ((status.EXCLUSIVE_CONFLICT, 2),)
 
@@ -94,8 +95,8 @@ def test_binpack_then_numa_breaks_usage_ties_by_numa_node() -> None:
         .state()
     )
     req = pod().gpu(1, memory=1000).obj()
-    assert chosen(fit.place(state, req, chains.card_policy("binpack,numa"))) == [uuid("n", 2)]
-    assert chosen(fit.place(state, req, chains.card_policy("binpack"))) == [uuid("n", 1)]
+    assert chosen(fit.place(state, req, registry.card_policy("binpack,numa"))) == [uuid("n", 2)]
+    assert chosen(fit.place(state, req, registry.card_policy("binpack"))) == [uuid("n", 1)]
 
 
 def test_numa_first_then_spread() -> None:
@@ -109,16 +110,16 @@ def test_numa_first_then_spread() -> None:
         .state()
     )
     req = pod().gpu(1, memory=1000).obj()
-    assert chosen(fit.place(state, req, chains.card_policy("numa,spread"))) == [uuid("n", 3)]
-    assert chosen(fit.place(state, req, chains.card_policy("spread"))) == [uuid("n", 0)]
+    assert chosen(fit.place(state, req, registry.card_policy("numa,spread"))) == [uuid("n", 3)]
+    assert chosen(fit.place(state, req, registry.card_policy("spread"))) == [uuid("n", 0)]
 
 
 def test_a_chain_without_sort_key_sorts_like_spread() -> None:
     # idle cards of 10, 40 and 20 GB: spread takes the one left emptiest, binpack the fullest
     state = node("n").card(memory=10000).card(memory=40000).card(memory=20000).state()
     req = pod().gpu(1, memory=5000).obj()
-    assert chosen(fit.place(state, req, chains.card_policy("mutex"))) == [uuid("n", 1)]
-    assert chosen(fit.place(state, req, chains.card_policy("mutex,binpack"))) == [uuid("n", 0)]
+    assert chosen(fit.place(state, req, registry.card_policy("mutex"))) == [uuid("n", 1)]
+    assert chosen(fit.place(state, req, registry.card_policy("mutex,binpack"))) == [uuid("n", 0)]
 
 
 def test_numa_bind_puts_numa_first_whatever_the_chain() -> None:
@@ -132,7 +133,7 @@ def test_numa_bind_puts_numa_first_whatever_the_chain() -> None:
         .state()
     )
     req = pod().gpu(2, memory=1000).numa_bind().obj()
-    got = chosen(fit.place(state, req, chains.card_policy("binpack,numa")))
+    got = chosen(fit.place(state, req, registry.card_policy("binpack,numa")))
     assert sorted(got) == [uuid("n", 0), uuid("n", 1)]
 
 
@@ -153,9 +154,9 @@ def test_mutex_with_topology_aware_picks_the_best_connected_idle_cards() -> None
     state = node("n").gpus(n, memory=10000).topo(topo).used(0, memory=1000).state()
     req = pod().gpu(2, memory=1000).obj()
     # 0-1 is the best pair, but card 0 is busy: mutex leaves 1, 2, 3, and 2-3 is the best of those
-    got = chosen(fit.place(state, req, chains.card_policy("mutex,topology-aware")))
+    got = chosen(fit.place(state, req, registry.card_policy("mutex,topology-aware")))
     assert sorted(got) == [uuid("n", 2), uuid("n", 3)]
-    got = chosen(fit.place(state, req, chains.card_policy("topology-aware")))
+    got = chosen(fit.place(state, req, registry.card_policy("topology-aware")))
     assert sorted(got) == [uuid("n", 0), uuid("n", 1)]
 
 
@@ -183,7 +184,7 @@ def test_scoring_weights_reach_the_card_choice() -> None:
     binpack = registry.get("binpack")
     assert chosen(fit.place(state, weighted, binpack)) == [uuid("n", 0)]
     assert chosen(fit.place(state, plain, binpack)) == [uuid("n", 1)]
-    assert chosen(fit.place(state, weighted, chains.card_policy("binpack,numa"))) == [uuid("n", 0)]
+    assert chosen(fit.place(state, weighted, registry.card_policy("binpack,numa"))) == [uuid("n", 0)]
 
 
 @pytest.mark.parametrize("value", ["slot=1,core=1", "slot=0,core=0,memory=0", "slot=-1,core=1,memory=1", "x"])
@@ -256,7 +257,7 @@ def test_init_and_app_container_share_a_card_to_stay_within_quota() -> None:
     free = fit.place(state, req, registry.get("binpack"))
     assert chosen(free, 0) == [uuid("n", 1)] and chosen(free, 1) == [uuid("n", 0)]
     got = fit.place(
-        state, req, registry.get("binpack"), registry.EMPTY_CONTEXT, quota.QuotaView(memory_limit=6000)
+        state, req, registry.get("binpack"), api.EMPTY_CONTEXT, quota.QuotaView(memory_limit=6000)
     )
     assert got.allocation is not None, got.status
     assert chosen(got, 0) == chosen(got, 1) == [uuid("n", 1)]
@@ -267,11 +268,11 @@ def test_init_and_app_containers_that_need_two_cards_exceed_the_quota() -> None:
     state = node("n").gpus(2, memory=24000).state()
     qv = quota.QuotaView(memory_limit=6000)
     req = pod().init_gpu(1, memory=5000).gpu(2, memory=1500).obj()
-    got = fit.place(state, req, registry.get("spread"), registry.EMPTY_CONTEXT, qv)
+    got = fit.place(state, req, registry.get("spread"), api.EMPTY_CONTEXT, qv)
     # however the namespace's other pods end, 6500 MiB never fits a 6000 MiB quota
     assert got.status == status.Status(status.Code.UNRESOLVABLE, (status.QUOTA_EXCEEDED,))
     assert fit.place(
-        state, req, registry.get("spread"), registry.EMPTY_CONTEXT, quota.QuotaView(memory_limit=6500)
+        state, req, registry.get("spread"), api.EMPTY_CONTEXT, quota.QuotaView(memory_limit=6500)
     ).status.ok
 
 
@@ -302,7 +303,7 @@ def test_a_placed_pod_never_takes_its_namespace_past_the_quota(
         used_memory=used[1],
         used_cores=used[2],
     )
-    got = fit.place(state, req, chains.card_policy(card_value), registry.EMPTY_CONTEXT, qv)
+    got = fit.place(state, req, registry.card_policy(card_value), api.EMPTY_CONTEXT, qv)
     if got.allocation is not None and req.wants_gpu:
         assert qv.admits(*_charge(got.allocation))
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpuslice.framework import registry
 from gpuslice.model import nodes
-from gpuslice.policy import paper, registry, shares
+from gpuslice.policy import api, paper, shares
 from tests.unit.sim_builders import sim_pod, sim_state
 
 pytestmark = pytest.mark.unit
 
-CTX = registry.EMPTY_CONTEXT
+CTX = api.EMPTY_CONTEXT
 
 
-def score(policy: registry.Policy, state: shares.TaggedNodeState, pod_args: dict[str, int]) -> int:
+def score(policy: api.Policy, state: shares.TaggedNodeState, pod_args: dict[str, int]) -> int:
     return policy.score_node(state, sim_pod(**pod_args).request, CTX).score
 
 
@@ -124,16 +125,20 @@ def test_bestfit_raw(free: tuple[int, ...], cpu_free: int, pod: dict[str, int], 
     ids=["spread", "all-equal", "empty"],
 )
 def test_bestfit_normalize(raw: list[int], expected: list[int]) -> None:
-    got = shares.normalize(paper.BestFit(), np.array(raw, dtype=np.int64), CTX)
+    got = api.Plugin.of(paper.BestFit()).normalize(np.array(raw, dtype=np.int64), CTX)
     assert got.tolist() == expected
 
 
 def test_random_picks_exactly_one_candidate() -> None:
-    ctx = registry.Context(rng=np.random.default_rng(7))
-    got = shares.normalize(paper.RandomPolicy(), np.zeros(5, dtype=np.int64), ctx)
+    ctx = api.Context(rng=np.random.default_rng(7))
+    got = api.Plugin.of(paper.RandomPolicy()).normalize(np.zeros(5, dtype=np.int64), ctx)
     assert sorted(got.tolist()) == [0, 0, 0, 0, 100]
     # without a random source the first candidate wins
-    assert shares.normalize(paper.RandomPolicy(), np.zeros(3, dtype=np.int64), CTX).tolist() == [100, 0, 0]
+    assert api.Plugin.of(paper.RandomPolicy()).normalize(np.zeros(3, dtype=np.int64), CTX).tolist() == [
+        100,
+        0,
+        0,
+    ]
 
 
 @pytest.mark.parametrize(
@@ -159,7 +164,7 @@ def test_random_card_rule_draws_among_eligible() -> None:
     state = sim_state((1000, 600, 550))
     req = sim_pod(share=500, count=1).request.containers[0]
     assert req is not None
-    ctx = registry.Context(rng=np.random.default_rng(3))
+    ctx = api.Context(rng=np.random.default_rng(3))
     picks = {paper.RandomPolicy().choose_cards(state, req, (0, 1, 2), ctx) for _ in range(40)}
     assert picks == {(0,), (1,), (2,)}
 

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslice.framework import registry
 from gpuslice.model import nodes, status
-from gpuslice.policy import fit, paper, registry, shares
+from gpuslice.policy import api, fit, paper, shares
 from gpuslice.sim import cluster, engine, trace, workload
 
 pytestmark = pytest.mark.unit
@@ -37,7 +38,7 @@ def loaded_nodes(draw: st.DrawFn) -> cluster.Cluster:
         "n", draw(st.sampled_from((8000, 64000))), 131072, gpus, draw(st.sampled_from(MODELS))
     )
     live = cluster.Cluster([inv])
-    placer = engine.Placer(live, paper.DotProd(), registry.EMPTY_CONTEXT)
+    placer = engine.Placer(live, paper.DotProd(), api.EMPTY_CONTEXT)
     for pod in draw(st.lists(trace_pods(), max_size=12)):
         placer.place(pod)
     return live
@@ -47,7 +48,7 @@ def loaded_nodes(draw: st.DrawFn) -> cluster.Cluster:
 @given(live=loaded_nodes(), pod=trace_pods())
 def test_prefilter_agrees_with_fit(live: cluster.Cluster, pod: trace.TracePod) -> None:
     admitted = len(live.feasible(pod)) == 1
-    placed = fit.place(live.states[0], pod.request, paper.DotProd(), registry.EMPTY_CONTEXT)
+    placed = fit.place(live.states[0], pod.request, paper.DotProd(), api.EMPTY_CONTEXT)
     assert admitted == placed.status.ok, placed.status
     if placed.allocation is not None:
         assert placed.status.code is status.Code.SUCCESS
@@ -56,8 +57,8 @@ def test_prefilter_agrees_with_fit(live: cluster.Cluster, pod: trace.TracePod) -
 def _naive(
     inventories: list[nodes.NodeInventory],
     pods: list[trace.TracePod],
-    policy: registry.Policy,
-    ctx: registry.Context,
+    policy: api.Policy,
+    ctx: api.Context,
 ) -> list[int]:
     """Reference loop: score every feasible node afresh for every pod; returns chosen node or -1."""
     live = cluster.Cluster(inventories)
@@ -68,10 +69,10 @@ def _naive(
             out.append(-1)
             continue
         scored = [policy.score_node(live.states[j], pod.request, ctx) for j in cand.tolist()]
-        raw = shares.normalize(policy, np.array([s.score for s in scored], dtype=np.int64), ctx)
+        raw = api.Plugin.of(policy).normalize(np.array([s.score for s in scored], dtype=np.int64), ctx)
         best = max(range(len(cand)), key=lambda k: (raw[k], -k))
         j = int(cand[best])
-        got = fit.place(live.states[j], pod.request, shares.PodBound(policy, pod.request), ctx)
+        got = fit.place(live.states[j], pod.request, api.Plugin.of(policy).for_pod(pod.request), ctx)
         assert got.allocation is not None
         live.commit(j, got.allocation, shares.demand(pod.request).tag)
         out.append(j)
@@ -103,7 +104,7 @@ def _tiny(seed: int) -> tuple[list[nodes.NodeInventory], list[trace.TracePod]]:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_cached_scores_equal_fresh_scores(name: str, seed: int) -> None:
     inventories, pods = _tiny(seed)
-    ctx = registry.Context(workload=workload.target_workload(pods))
+    ctx = api.Context(workload=workload.target_workload(pods))
     expected = _naive(inventories, pods, registry.get(name), ctx)
     placer = engine.Placer(cluster.Cluster(inventories), registry.get(name), ctx)
     got = []
@@ -118,11 +119,11 @@ def test_ties_go_to_lowest_rank_and_usage_is_tracked() -> None:
     # three identical empty nodes: packing scores them all max(33 - 2, 2) = 31 -> the first (rank 0)
     inventories = [trace.node_inventory(f"n{i}", 32000, 65536, 2, "T4") for i in range(3)]
     pods = [trace.make_pod("a", 1000, 0, 1, 470), trace.make_pod("b", 1000, 0, 1, 470)]
-    out = engine.run(inventories, pods, np.array([0, 1]), paper.GpuPacking(), registry.EMPTY_CONTEXT)
+    out = engine.run(inventories, pods, np.array([0, 1]), paper.GpuPacking(), api.EMPTY_CONTEXT)
     assert out.failed == [] and out.used.tolist() == [470, 940]
     # the second 470 pod shares the first pod's card (best rule: least free that fits)
     live = cluster.Cluster(inventories)
-    placer = engine.Placer(live, paper.GpuPacking(), registry.EMPTY_CONTEXT)
+    placer = engine.Placer(live, paper.GpuPacking(), api.EMPTY_CONTEXT)
     assert placer.place(pods[0]) is not None and placer.place(pods[1]) is not None
     assert live.free[0].tolist() == [60, 1000] and live.version.tolist() == [2, 0, 0]
     assert live.used_milli() == 940
