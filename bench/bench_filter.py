@@ -10,7 +10,7 @@ on the best node, once per bind, not per node). A row meets the target when p50 
 p99 <= 1.5 ms. ``--max-row-s`` caps the time one row may take (slow rows then get fewer reps; the
 record says how many).
 
-Target workload: FGD-style policies score against ``registry.Context(workload=...)``. The bench
+Target workload: FGD-style policies score against ``api.Context(workload=...)``. The bench
 builds it from the shape histogram of the bundled openb pod list (``sim.workload.histogram``), and
 every call gets a FRESH ``Workload`` whose weights moved by one observed request drawn from that
 histogram (``w * 0.995 + 0.005`` on the drawn shape), as the extender's decayed histogram
@@ -42,8 +42,9 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuslice.cache import cache as cache_mod
+from gpuslice.framework import registry
 from gpuslice.model import allocations, devices, nodes, requests, topology
-from gpuslice.policy import batch, fit, registry
+from gpuslice.policy import api, batch, fit
 from gpuslice.sim import trace, workload
 
 NODES = 5000
@@ -134,18 +135,18 @@ def build(seed: int) -> cache_mod.ClusterCache:
     return c
 
 
-def workloads(seed: int) -> Callable[[], registry.Workload]:
+def workloads(seed: int) -> Callable[[], api.Workload]:
     """A source of fresh target workloads: the openb histogram after one more observed request."""
     base = workload.histogram(trace.load_pods(trace.data_path(trace.DEFAULT_PODS)))
     probs = np.array(base.weights) / sum(base.weights)
     kept = np.array(base.weights) * DECAY
     rng = np.random.default_rng(seed)
 
-    def fresh() -> registry.Workload:
+    def fresh() -> api.Workload:
         j = int(rng.choice(len(probs), p=probs))
         w = kept.copy()
         w[j] += 1.0 - DECAY
-        return registry.Workload(base.shapes, tuple(float(x) for x in w))
+        return api.Workload(base.shapes, tuple(float(x) for x in w))
 
     return fresh
 
@@ -204,12 +205,12 @@ def main() -> None:
             picks: list[float] = []
             oks: list[int] = []
             started = time.perf_counter()
-            ctx = registry.Context(workload=fresh())
+            ctx = api.Context(workload=fresh())
             for k in range(args.warmup + args.reps):
                 names = batches[k % len(batches)]
                 s = c.snapshot()
                 if k % args.fresh_every == 0:
-                    ctx = registry.Context(workload=fresh())
+                    ctx = api.Context(workload=fresh())
                 t0 = time.perf_counter()
                 ev = batch.evaluate(s.nodes, s.columns, names, pod, policy, policy, ctx)
                 t1 = time.perf_counter()
@@ -251,7 +252,7 @@ def main() -> None:
         t0 = time.perf_counter()
         for name in names:
             if fit.place(s.nodes[name], pod, binpack).status.ok:
-                binpack.score_node(s.nodes[name], pod, registry.EMPTY_CONTEXT)
+                binpack.score_node(s.nodes[name], pod, api.EMPTY_CONTEXT)
         slow.append((time.perf_counter() - t0) * 1e3)
     records.append(
         {

@@ -22,7 +22,7 @@ from gpuslice.kube import client as kclient
 from gpuslice.kube import events, pods, sync
 from gpuslice.model import allocations, status
 from gpuslice.model import config as model_config
-from gpuslice.policy import registry
+from gpuslice.policy import api
 from gpuslice_dev import nodesim
 from gpuslice_dev.controlplane import ControlPlane
 from tests.integration import kubehelpers as h
@@ -182,6 +182,6 @@ async def test_pending_pods_without_gpus_enter_the_target_workload(
     assert histogram.count == 4
     got_weights = histogram.weights()
     assert set(got_weights) == {
-        registry.Shape(cpu_milli=1500, share_milli=0, count=0),
-        registry.Shape(cpu_milli=250, share_milli=0, count=0),
+        api.Shape(cpu_milli=1500, share_milli=0, count=0),
+        api.Shape(cpu_milli=250, share_milli=0, count=0),
     }

@@ -17,7 +17,7 @@ from gpuslice.extender.ops import clusterview
 from gpuslice.framework import explain as explains
 from gpuslice.model import config as model_config
 from gpuslice.model import status
-from gpuslice.policy import registry
+from gpuslice.policy import api
 from tests.unit import builders
 from tests.unit.builders import node
 from tests.unit.extender import fakes
@@ -103,7 +103,7 @@ def test_fragmentation_says_learning_until_the_workload_is_trusted() -> None:
 def test_fragmentation_is_fgds_measure_against_the_learned_workload() -> None:
     settings = model_config.WorkloadSettings(min_count=3, drift=0.0)
     cache = _cache(shapes.ShapeHistogram(settings))
-    half = registry.Shape(cpu_milli=0, share_milli=500, count=1)
+    half = api.Shape(cpu_milli=0, share_milli=500, count=1)
     for _ in range(3):
         cache.observe_request(half)
     state = _state(fakes.make_deps(cache))

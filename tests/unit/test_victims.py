@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslice.framework import registry
 from gpuslice.model import allocations, nodes, requests
-from gpuslice.policy import fit, registry, victims
+from gpuslice.policy import fit, victims
 from tests.unit.builders import node, pod, uuid
 
 pytestmark = pytest.mark.unit

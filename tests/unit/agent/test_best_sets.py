@@ -10,8 +10,9 @@ import pytest
 
 from gpuslice.agent import collect, discover, fake, publish
 from gpuslice.codec import keys, node_inventory
+from gpuslice.framework import registry
 from gpuslice.model import nodes, requests
-from gpuslice.policy import registry
+from gpuslice.policy import api
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +34,7 @@ def choose(state: nodes.NodeState, count: int, eligible: tuple[int, ...] | None 
         state,
         requests.ContainerRequest(count=count, memory_mib=1000),
         eligible or every,
-        registry.EMPTY_CONTEXT,
+        api.EMPTY_CONTEXT,
     )
     assert cards is not None and len(cards) == count
     return frozenset(cards)
@@ -100,6 +101,6 @@ def test_published_telemetry_steers_the_balanced_policy(hot: int) -> None:
     )
     state = nodes.empty_state(node_inventory.decode_node("n", ann))
     cards = registry.get("balanced").choose_cards(
-        state, requests.ContainerRequest(count=3, memory_mib=100), (0, 1, 2, 3), registry.EMPTY_CONTEXT
+        state, requests.ContainerRequest(count=3, memory_mib=100), (0, 1, 2, 3), api.EMPTY_CONTEXT
     )
     assert cards is not None and hot not in cards

@@ -9,14 +9,14 @@ from hypothesis import strategies as st
 from gpuslice.cache import cache as cache_mod
 from gpuslice.cache import shapes
 from gpuslice.model import config as model_config
-from gpuslice.policy import registry
+from gpuslice.policy import api
 
 pytestmark = pytest.mark.unit
 
-A = registry.Shape(0, 500, 1)
-B = registry.Shape(0, 1000, 1)
-C = registry.Shape(4000, 250, 1)
-D = registry.Shape(0, 1000, 2, ("V100",))
+A = api.Shape(0, 500, 1)
+B = api.Shape(0, 1000, 1)
+C = api.Shape(4000, 250, 1)
+D = api.Shape(0, 1000, 2, ("V100",))
 
 
 def ws(**kw: object) -> model_config.WorkloadSettings:
@@ -164,8 +164,8 @@ def test_rebasing_keeps_the_weights() -> None:
 
 
 def test_total_variation() -> None:
-    p = registry.Workload((A, B), (0.5, 0.5))
-    q = registry.Workload((B, C), (0.75, 0.25))
+    p = api.Workload((A, B), (0.5, 0.5))
+    q = api.Workload((B, C), (0.75, 0.25))
     # |0.5 - 0| + |0.5 - 0.75| + |0 - 0.25| = 1, halved
     assert shapes.total_variation(p, q) == pytest.approx(0.5)
     assert shapes.total_variation(p, p) == 0.0
@@ -182,21 +182,21 @@ class Naive:
         self.s = s
         self.max = max_shapes
         self.floor = floor
-        self.seq: list[registry.Shape] = []
-        self.since: dict[registry.Shape, int] = {}
-        self.snap: dict[registry.Shape, float] | None = None
+        self.seq: list[api.Shape] = []
+        self.since: dict[api.Shape, int] = {}
+        self.snap: dict[api.Shape, float] | None = None
 
-    def weight(self, x: registry.Shape) -> float:
+    def weight(self, x: api.Shape) -> float:
         t = len(self.seq)
         lo = max(self.since[x], t - self.s.window + 1 if self.s.window else 1)
         return sum(self.s.decay ** (t - i) for i in range(lo, t + 1) if self.seq[i - 1] == x)
 
-    def in_window(self, x: registry.Shape) -> bool:
+    def in_window(self, x: api.Shape) -> bool:
         t = len(self.seq)
         lo = max(self.since[x], t - self.s.window + 1 if self.s.window else 1)
         return any(self.seq[i - 1] == x for i in range(lo, t + 1))
 
-    def observe(self, shape: registry.Shape) -> bool:
+    def observe(self, shape: api.Shape) -> bool:
         self.seq.append(shape)
         self.since.setdefault(shape, len(self.seq))
         for x in [x for x in self.since if not self.in_window(x)]:
@@ -221,7 +221,7 @@ class Naive:
         return True
 
 
-SHAPES = [A, B, C, D, registry.Shape(0, 100, 1), registry.Shape(8000, 1000, 8)]
+SHAPES = [A, B, C, D, api.Shape(0, 100, 1), api.Shape(8000, 1000, 8)]
 
 
 @settings(max_examples=150, deadline=None)
@@ -236,7 +236,7 @@ SHAPES = [A, B, C, D, registry.Shape(0, 100, 1), registry.Shape(8000, 1000, 8)]
     scale_exp=st.sampled_from([600.0, 3.0]),
 )
 def test_constant_time_histogram_equals_naive_recomputation(
-    seq: list[registry.Shape],
+    seq: list[api.Shape],
     decay: float,
     window: int,
     min_count: int,

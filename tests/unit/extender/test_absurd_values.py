@@ -21,7 +21,7 @@ from gpuslice.extender import config
 from gpuslice.extender.http import app as apps
 from gpuslice.model import config as model_config
 from gpuslice.model import limits, status
-from gpuslice.policy import registry
+from gpuslice.policy import api
 from tests.unit.builders import node
 from tests.unit.extender import fakes
 
@@ -100,11 +100,11 @@ def test_an_absurd_pod_is_refused_by_name_and_the_next_pod_is_placed(
 def test_a_shape_past_the_bounds_never_enters_the_workload() -> None:
     # The histogram's own guard, for whatever reaches it without a decoder (the simulator's traces).
     hist = shapes.ShapeHistogram(model_config.WorkloadSettings(min_count=1))
-    assert not hist.observe(registry.Shape(cpu_milli=10**33, share_milli=500, count=1))
-    assert not hist.observe(registry.Shape(cpu_milli=1000, share_milli=-1, count=1))
-    assert not hist.observe(registry.Shape(cpu_milli=1000, share_milli=500, count=1, types=("x" * 254,)))
+    assert not hist.observe(api.Shape(cpu_milli=10**33, share_milli=500, count=1))
+    assert not hist.observe(api.Shape(cpu_milli=1000, share_milli=-1, count=1))
+    assert not hist.observe(api.Shape(cpu_milli=1000, share_milli=500, count=1, types=("x" * 254,)))
     assert hist.count == 0 and hist.refused == 3 and hist.workload() is None
-    assert hist.observe(registry.Shape(cpu_milli=limits.MAX_CPU_MILLI, share_milli=1000, count=8))
+    assert hist.observe(api.Shape(cpu_milli=limits.MAX_CPU_MILLI, share_milli=1000, count=8))
     assert hist.count == 1
 
 

@@ -15,7 +15,7 @@ from gpuslice.codec import keys, pod_devices, registrations, resources
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, objects, sync
 from gpuslice.model import allocations
-from gpuslice.policy import registry
+from gpuslice.policy import api
 from gpuslice_dev import nodesim
 
 pytestmark = pytest.mark.unit
@@ -203,7 +203,7 @@ def test_a_pending_pod_with_an_absurd_request_never_enters_the_workload() -> Non
     for name, cpu in (("absurd-cpu", "1e30"), ("absurd-total", f"{2**39 // 1000 + 1}"), ("sane", "4")):
         apps = [container("a", cpu, None), container("b", cpu, None)]  # two: the total is checked too
         s.on_pod(informer.Event(E.ADDED, pod_obj(name, "", apps, phase="Pending")))
-    assert list(hist.weights()) == [registry.Shape(cpu_milli=8000, share_milli=0, count=0)]
+    assert list(hist.weights()) == [api.Shape(cpu_milli=8000, share_milli=0, count=0)]
     assert hist.refused == 0  # refused where decoded, before the histogram's own guard
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpuslice.framework import registry
 from gpuslice.model import nodes, requests
-from gpuslice.policy import balanced, fit, registry, thermal
+from gpuslice.policy import api, balanced, fit, thermal
 from tests.unit.builders import node, pod
 
 pytestmark = pytest.mark.unit
 
-CTX = registry.EMPTY_CONTEXT
+CTX = api.EMPTY_CONTEXT
 POLICY = registry.get("balanced")
 
 CASES = [

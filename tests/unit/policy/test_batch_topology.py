@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslice.framework import registry
 from gpuslice.model import devices, nodes, requests, status, topology
-from gpuslice.policy import batch, cardsets, chains, columns, fit, quota, registry
+from gpuslice.policy import api, batch, cardsets, columns, fit, quota, vectorfit
 from tests.unit.builders import node, pod
 from tests.unit.policy import strategies
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 S = cardsets.Strategy
 P = topology.PcieLevel
-CTX = registry.EMPTY_CONTEXT
+CTX = api.EMPTY_CONTEXT
 NAMES = ["topology-aware", *(f"topology-aware:{s.value}" for s in S)]
 
 
@@ -142,13 +143,13 @@ def test_batch_scores_equal_score_node(
     qv: quota.QuotaView | None,
 ) -> None:
     pol = registry.get(name)
-    card = pol if card_value == "same" else chains.card_policy(card_value)
+    card = pol if card_value == "same" else registry.card_policy(card_value)
     by_name = {s.name: s for s in states}
     cols = columns.build(list(states))
     names = [s.name for s in states] + ["ghost"]
-    if batch.fast_request(req, qv) is None:
+    if vectorfit.request_of(req, qv) is None:
         qv = None
-    assert batch.fast_request(req, qv) is not None
+    assert vectorfit.request_of(req, qv) is not None
     ev = batch.evaluate(by_name, cols, names, req, pol, card, CTX, qv)
     slow = batch.evaluate(by_name, None, names, req, pol, card, CTX, qv)
     assert list(ev.feasible) == list(slow.feasible)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from gpuslice.framework import registry
 from gpuslice.model import nodes, requests
-from gpuslice.policy import registry
+from gpuslice.policy import api
 from tests.unit.builders import node, pod
 
 pytestmark = pytest.mark.unit
 
-CTX = registry.EMPTY_CONTEXT
+CTX = api.EMPTY_CONTEXT
 
 SCORES = [
     # (id, state, pod, binpack score); spread = 100 - binpack
@@ -108,7 +109,7 @@ def test_hami_card_score_weights_from_context() -> None:
     # without weights (0.6 memory, 0.4 cores): card 1 is fuller -> binpack takes 1
     state = node().gpus(2, memory=10000).used(0, slots=3).used(1, memory=6000).state()
     req = requests.ContainerRequest(count=1, memory_mib=1000)
-    ctx = registry.Context(card_weights=requests.ScoringWeights(slot=5, core=0, memory=1))
+    ctx = api.Context(card_weights=requests.ScoringWeights(slot=5, core=0, memory=1))
     assert registry.get("binpack").choose_cards(state, req, (0, 1), ctx) == (0,)
     assert registry.get("spread").choose_cards(state, req, (0, 1), ctx) == (1,)
     assert registry.get("binpack").choose_cards(state, req, (0, 1), CTX) == (1,)

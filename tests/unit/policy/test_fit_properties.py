@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslice.cache import cache as cache_mod
+from gpuslice.framework import registry
 from gpuslice.model import allocations, devices, nodes, requests
-from gpuslice.policy import fit, registry
+from gpuslice.policy import fit
 from tests.unit.policy import strategies
 
 pytestmark = pytest.mark.unit

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslice.policy import fragmentation, fragscore, lookahead, registry, shares
+from gpuslice.policy import api, fragmentation, fragscore, lookahead, shares
 
 pytestmark = pytest.mark.unit
 
@@ -24,23 +24,23 @@ CPUS = (0, 500, 1000, 2500, 4000)
 cpu_levels = st.sampled_from(CPUS) | st.integers(0, 16000)
 types = st.sampled_from([(), ("T4",), ("A100",)])
 sharing = st.builds(
-    registry.Shape,
+    api.Shape,
     cpu_milli=cpu_levels,
     share_milli=st.integers(1, 999),
     count=st.integers(1, 3),
     types=types,
 )
 whole = st.builds(
-    registry.Shape, cpu_milli=cpu_levels, share_milli=st.just(1000), count=st.integers(1, 16), types=types
+    api.Shape, cpu_milli=cpu_levels, share_milli=st.just(1000), count=st.integers(1, 16), types=types
 )
-cpu_only = st.builds(registry.Shape, cpu_milli=cpu_levels, share_milli=st.just(0), count=st.just(0))
+cpu_only = st.builds(api.Shape, cpu_milli=cpu_levels, share_milli=st.just(0), count=st.just(0))
 
 
 @st.composite
-def workloads(draw: st.DrawFn) -> registry.Workload:
+def workloads(draw: st.DrawFn) -> api.Workload:
     shapes = draw(st.lists(sharing | whole | cpu_only, min_size=1, max_size=5, unique=True))
     weights = draw(st.lists(st.integers(1, 10), min_size=len(shapes), max_size=len(shapes)))
-    return registry.Workload(tuple(shapes), tuple(w / sum(weights) for w in weights))
+    return api.Workload(tuple(shapes), tuple(w / sum(weights) for w in weights))
 
 
 free_milli = st.sampled_from((0, 250, 500, 1000)) | st.integers(0, 1000)
@@ -49,7 +49,7 @@ free_cards = st.lists(free_milli, min_size=1, max_size=16).map(tuple)
 MEASURES = {"fgd": fragmentation.Fragmentation, "fgd-lookahead": lookahead.RepeatedFragmentation}
 
 
-def weights(measure: str, workload: registry.Workload, model: str) -> tuple[int, ...]:
+def weights(measure: str, workload: api.Workload, model: str) -> tuple[int, ...]:
     """The weights on a node of ``model``: the histogram's (FGD), or, for fgd-lookahead without a
     capacity (every shape reaches every card, none is scarce), each shape the model serves weighs
     ``p / Z`` with Z the weight of those shapes (CPU-only ones included) and the others 0."""
@@ -62,7 +62,7 @@ def weights(measure: str, workload: registry.Workload, model: str) -> tuple[int,
     return fragscore.quantize([p / z if ok else 0.0 for (_, p), ok in zip(pairs, serves, strict=True)])
 
 
-def reference(measure: str, workload: registry.Workload, model: str, cpu: int, free: tuple[int, ...]) -> int:
+def reference(measure: str, workload: api.Workload, model: str, cpu: int, free: tuple[int, ...]) -> int:
     """F = sum_m w_m F_n(m), each term straight from its definition (module docstrings)."""
     total = sum(free)
     out = 0
@@ -86,7 +86,7 @@ def reference(measure: str, workload: registry.Workload, model: str, cpu: int, f
 @settings(max_examples=300, deadline=None)
 @given(workload=workloads(), pool=st.lists(free_cards, min_size=1, max_size=4), data=st.data())
 def test_memoized_measure_equals_the_uncached_one(
-    measure: str, workload: registry.Workload, pool: list[tuple[int, ...]], data: st.DataObject
+    measure: str, workload: api.Workload, pool: list[tuple[int, ...]], data: st.DataObject
 ) -> None:
     frag = MEASURES[measure](workload)
     shape_cpus = sorted({s.cpu_milli for s in workload.shapes} | {1})

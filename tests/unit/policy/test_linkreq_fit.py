@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslice.framework import registry
 from gpuslice.model import requests, status
-from gpuslice.policy import fit, linkreq, registry
+from gpuslice.policy import fit, linkreq
 from tests.unit.builders import bridged, node, pod, uuid
 
 pytestmark = pytest.mark.unit

@@ -6,18 +6,18 @@ import math
 
 import pytest
 
-from gpuslice.policy import fragmentation, registry
+from gpuslice.policy import api, fragmentation
 from tests.unit.sim_builders import sim_pod, sim_state
 
 pytestmark = pytest.mark.unit
 
 # M: A = 1 card of 500 with 1000 CPU (p 0.5), B = 1 whole card with 4000 CPU (p 0.25),
 # C = CPU-only 2000 (p 0.25).
-A = registry.Shape(cpu_milli=1000, share_milli=500, count=1)
-B = registry.Shape(cpu_milli=4000, share_milli=1000, count=1)
-C = registry.Shape(cpu_milli=2000, share_milli=0, count=0)
-M = registry.Workload((A, B, C), (0.5, 0.25, 0.25))
-CTX = registry.Context(workload=M)
+A = api.Shape(cpu_milli=1000, share_milli=500, count=1)
+B = api.Shape(cpu_milli=4000, share_milli=1000, count=1)
+C = api.Shape(cpu_milli=2000, share_milli=0, count=0)
+M = api.Workload((A, B, C), (0.5, 0.25, 0.25))
+CTX = api.Context(workload=M)
 
 
 def sig(delta: float) -> int:
@@ -33,7 +33,7 @@ def sig(delta: float) -> int:
         (B, 3000, (1000, 300), 1300),  # CPU short: R
         (A, 8000, (400, 300), 700),  # no card >= 500: R
         (
-            registry.Shape(cpu_milli=0, share_milli=500, count=1, types=("T4",)),
+            api.Shape(cpu_milli=0, share_milli=500, count=1, types=("T4",)),
             8000,
             (1000,),
             1000,
@@ -41,7 +41,7 @@ def sig(delta: float) -> int:
     ],
     ids=["cpu-only", "share-fits", "whole-fits", "cpu-short", "no-card", "model-mismatch"],
 )
-def test_per_shape(shape: registry.Shape, cpu: int, free: tuple[int, ...], expected: int) -> None:
+def test_per_shape(shape: api.Shape, cpu: int, free: tuple[int, ...], expected: int) -> None:
     assert fragmentation.Fragmentation(M).shape("G2", cpu, free, shape) == expected
 
 

@@ -6,14 +6,15 @@ import math
 
 import pytest
 
-from gpuslice.policy import fragmentation, lookahead, registry
+from gpuslice.framework import registry
+from gpuslice.policy import api, fragmentation, lookahead
 from tests.unit.sim_builders import sim_pod, sim_state
 
 pytestmark = pytest.mark.unit
 
-S = registry.Shape(cpu_milli=4000, share_milli=500, count=1)  # sharing
-W = registry.Shape(cpu_milli=4000, share_milli=1000, count=1)  # whole card
-M = registry.Workload((S, W), (0.5, 0.5))
+S = api.Shape(cpu_milli=4000, share_milli=500, count=1)  # sharing
+W = api.Shape(cpu_milli=4000, share_milli=1000, count=1)  # whole card
+M = api.Workload((S, W), (0.5, 0.5))
 
 
 @pytest.mark.parametrize(
@@ -37,8 +38,8 @@ def test_repeated_measure(cpu: int, free: tuple[int, ...], expected: int) -> Non
 
 
 def test_cpu_tight_node_is_penalised_where_fgd_is_not() -> None:
-    m = registry.Workload((S,), (1.0,))
-    ctx = registry.Context(workload=m)
+    m = api.Workload((S,), (1.0,))
+    ctx = api.Context(workload=m)
     state = sim_state((1000, 1000), cpu=8000)
     pod = sim_pod(cpu=4000, share=500, count=1).request
     # FGD: F = 0 before (S fits, no slivers) and after (500 and 1000 both fit S) -> delta 0 -> 50
@@ -49,10 +50,10 @@ def test_cpu_tight_node_is_penalised_where_fgd_is_not() -> None:
 
 
 def test_top_by_type_keeps_each_constraint_class() -> None:
-    a, b, c = (registry.Shape(cpu_milli=1000 * k, share_milli=1000, count=1) for k in (1, 2, 3))
-    t1 = registry.Shape(cpu_milli=1000, share_milli=500, count=1, types=("T4",))
-    t2 = registry.Shape(cpu_milli=2000, share_milli=500, count=1, types=("T4",))
-    hist = registry.Workload((a, b, c, t1, t2), (0.5, 0.3, 0.1, 0.06, 0.04))
+    a, b, c = (api.Shape(cpu_milli=1000 * k, share_milli=1000, count=1) for k in (1, 2, 3))
+    t1 = api.Shape(cpu_milli=1000, share_milli=500, count=1, types=("T4",))
+    t2 = api.Shape(cpu_milli=2000, share_milli=500, count=1, types=("T4",))
+    hist = api.Workload((a, b, c, t1, t2), (0.5, 0.3, 0.1, 0.06, 0.04))
     # global cut (FGD): a, b, c = 0.9 < 0.95 -> + t1 = 0.96 -> t2 is dropped
     assert fragmentation.top_shapes(hist).shapes == (a, b, c, t1)
     # per class: untyped 0.5 + 0.3 = 0.8 < 0.95 * 0.9 = 0.855 -> + c; T4 class 0.06 < 0.095 -> + t2
@@ -69,8 +70,8 @@ def test_lookahead_memo_tells_cpu_levels_apart_past_eight_cards() -> None:
     # One sharing shape of 4000 CPU and half a card; a node of 16 idle cards. At 32000 CPU 8 tasks
     # fit (16000 - 8 * 1000 = 8000 left unused), at 48000 CPU 12 (4000). Both levels lie past the
     # shared step table's last step (8 * 4000): the second call used to get the first one's 8000.
-    shape = registry.Shape(cpu_milli=4000, share_milli=500, count=1)
-    frag = lookahead.RepeatedFragmentation(registry.Workload((shape,), (1.0,)))
+    shape = api.Shape(cpu_milli=4000, share_milli=500, count=1)
+    frag = lookahead.RepeatedFragmentation(api.Workload((shape,), (1.0,)))
     free = (1000,) * 16
     unit = fragmentation.UNIT
     assert frag.of("G2", 32000, free) == 8000 * unit
@@ -81,9 +82,9 @@ def test_lookahead_memo_tells_cpu_levels_apart_past_eight_cards() -> None:
 
 # Model-aware weights: a cluster of 8 T4 cards and 24 G2 cards (T4 reach 8 / 32 = 0.25).
 CAP = (("G2", 24), ("T4", 8))
-ANY = registry.Shape(cpu_milli=0, share_milli=1000, count=1)
-PIN = registry.Shape(cpu_milli=0, share_milli=1000, count=1, types=("T4",))
-CPU = registry.Shape(cpu_milli=4000, share_milli=0, count=0)
+ANY = api.Shape(cpu_milli=0, share_milli=1000, count=1)
+PIN = api.Shape(cpu_milli=0, share_milli=1000, count=1, types=("T4",))
+CPU = api.Shape(cpu_milli=4000, share_milli=0, count=0)
 
 
 def _weights(measure: lookahead.RepeatedFragmentation, model: str) -> tuple[float, ...]:
@@ -94,7 +95,7 @@ def _weights(measure: lookahead.RepeatedFragmentation, model: str) -> tuple[floa
 def test_model_weights_without_scarcity() -> None:
     # p = (CPU 0.2, ANY 0.7, PIN 0.1). a = p / reach: CPU 0.2, ANY 0.7, PIN 0.1 / 0.25 = 0.4.
     # PIN's demand share is 0.1 / 0.8 = 0.125 of the GPU demand on 0.25 of the cards: pi = 0.5, not scarce.
-    m = registry.Workload((CPU, ANY, PIN), (0.2, 0.7, 0.1))
+    m = api.Workload((CPU, ANY, PIN), (0.2, 0.7, 0.1))
     f = lookahead.RepeatedFragmentation(m, capacity=CAP)
     # T4 node serves all: Z = 0.2 + 0.7 + 0.4 = 1.3 -> CPU 0.2 / 1.3, ANY 0.7 / 1.3, PIN 0.4 / 1.3
     assert _weights(f, "T4") == pytest.approx((0.2 / 1.3, 0.7 / 1.3, 0.4 / 1.3))
@@ -105,7 +106,7 @@ def test_model_weights_without_scarcity() -> None:
 def test_model_weights_with_scarcity() -> None:
     # p = (ANY 0.6, PIN 0.4): PIN is 0.4 of the GPU demand on 0.25 of the cards, pi = 1.6 -> scarce.
     # a: ANY 0.6, PIN 0.4 / 0.25 = 1.6; G = 2.2.
-    m = registry.Workload((ANY, PIN), (0.6, 0.4))
+    m = api.Workload((ANY, PIN), (0.6, 0.4))
     f = lookahead.RepeatedFragmentation(m, capacity=CAP)
     assert _weights(f, "T4") == pytest.approx((0.0, 0.6 / 2.2, 1.6 / 2.2))
     # G2 cannot serve PIN, which is scarce: it weighs a / G = 1.6 / 2.2, so G2's free cards count as
@@ -114,7 +115,7 @@ def test_model_weights_with_scarcity() -> None:
 
 
 def test_unknown_capacity_weighs_like_the_histogram_on_untyped_workloads() -> None:
-    m = registry.Workload((CPU, ANY, S), (0.2, 0.5, 0.3))
+    m = api.Workload((CPU, ANY, S), (0.2, 0.5, 0.3))
     for model in ("T4", "G2"):
         got = lookahead.RepeatedFragmentation(m, capacity=CAP).model_weights(model)
         assert got == lookahead.RepeatedFragmentation(m).model_weights(model)
@@ -126,8 +127,8 @@ def test_scarce_model_keeps_flexible_pods_away() -> None:
     # Under a workload where T4-pinned demand is scarce, the G2 node scores higher: on T4 the pod
     # removes a card the pinned shape could use (F unchanged: no slivers either way) while on G2 it
     # fills cards that count as fragments for the pinned shape (F falls by 1.6 / 2.2 * 1000).
-    m = registry.Workload((ANY, PIN), (0.6, 0.4))
-    ctx = registry.Context(workload=m, capacity=CAP)
+    m = api.Workload((ANY, PIN), (0.6, 0.4))
+    ctx = api.Context(workload=m, capacity=CAP)
     pod = sim_pod(cpu=0, share=1000, count=1).request
     t4 = sim_state((1000, 1000), cpu=64000, model="T4")
     g2 = sim_state((1000, 1000), cpu=64000, model="G2")

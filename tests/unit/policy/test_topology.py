@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslice.framework import registry
 from gpuslice.model import nodes, requests, topology
-from gpuslice.policy import batch, cardsets, columns, registry
+from gpuslice.policy import api, batch, cardsets, columns
 from gpuslice.policy import topology as topo_policy
 from tests.unit.builders import node, pod
 from tests.unit.policy import strategies
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 S = cardsets.Strategy
 P = topology.PcieLevel
-CTX = registry.EMPTY_CONTEXT
+CTX = api.EMPTY_CONTEXT
 
 
 def brute(

@@ -12,8 +12,9 @@ import pytest
 from gpuslice import cli
 from gpuslice.cache import shapes
 from gpuslice.codec import resources
+from gpuslice.framework import registry
 from gpuslice.model import config as model_config
-from gpuslice.policy import registry, shares
+from gpuslice.policy import api, shares
 from gpuslice.sim import cluster, engine, experiment, fidelity, trace
 from gpuslice_dev import nodesim
 
@@ -81,7 +82,7 @@ def test_online_scores_are_never_stale(
 ) -> None:
     """Every choice of the cached scorer equals a fresh scorer's under the workload of that moment."""
     live = cluster.Cluster(small.nodes)
-    placer = engine.Placer(live, registry.get(policy), registry.Context(), shapes.ShapeHistogram(IMMEDIATE))
+    placer = engine.Placer(live, registry.get(policy), api.Context(), shapes.ShapeHistogram(IMMEDIATE))
     cached_best = placer.scorer.best
     checked = []
 
@@ -101,7 +102,7 @@ def test_online_scores_are_never_stale(
 def test_online_workload_observes_each_gpu_pod_before_scoring() -> None:
     inventories = [trace.node_inventory(f"n{i}", 8000, 65536, 2, "T4") for i in range(2)]
     live = cluster.Cluster(inventories)
-    placer = engine.Placer(live, registry.get("fgd"), registry.Context(), shapes.ShapeHistogram(IMMEDIATE))
+    placer = engine.Placer(live, registry.get("fgd"), api.Context(), shapes.ShapeHistogram(IMMEDIATE))
     a = trace.make_pod("a", 1000, 0, 1, 470)
     assert placer.place(a) is not None
     assert placer.ctx.workload is not None
@@ -110,7 +111,7 @@ def test_online_workload_observes_each_gpu_pod_before_scoring() -> None:
     assert len(list(placer.ctx.workload.shapes)) == 1
     # a pod without GPUs is observed as the extender's pod feed observes it: (CPU, 0, 0)
     placer.place(trace.make_pod("cpu", 1500, 0, 0, 0))
-    assert registry.Shape(cpu_milli=1500, share_milli=0, count=0) in placer.ctx.workload.shapes
+    assert api.Shape(cpu_milli=1500, share_milli=0, count=0) in placer.ctx.workload.shapes
     assert len(list(placer.ctx.workload.shapes)) == 2
     b = trace.make_pod("b", 2000, 0, 1, 1000)
     placer.place(b)
@@ -123,15 +124,15 @@ def test_same_workload_keeps_cached_scores() -> None:
     pod = trace.make_pod("a", 1000, 0, 1, 470)
     hist = shapes.ShapeHistogram(IMMEDIATE)
     hist.observe(shares.shape_of(shares.demand(pod.request)))
-    scorer = engine.Scorer(registry.get("fgd"), registry.Context(workload=hist.workload()), live)
+    scorer = engine.Scorer(registry.get("fgd"), api.Context(workload=hist.workload()), live)
     cand = live.feasible(pod)
     scorer.best(pod, cand)
     assert scorer.calls == 3
-    scorer.set_context(registry.Context(workload=hist.workload()))
+    scorer.set_context(api.Context(workload=hist.workload()))
     scorer.best(pod, cand)
     assert scorer.calls == 3
     hist.observe(shares.shape_of(shares.demand(trace.make_pod("b", 1000, 0, 1, 1000).request)))
-    scorer.set_context(registry.Context(workload=hist.workload()))
+    scorer.set_context(api.Context(workload=hist.workload()))
     scorer.best(pod, cand)
     assert scorer.calls == 6
 

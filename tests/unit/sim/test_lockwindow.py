@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from gpuslice.framework import registry
 from gpuslice.model import nodes
-from gpuslice.policy import lockchoice, registry
+from gpuslice.policy import api, lockchoice
 from gpuslice.sim import engine, lockwindow, trace, workload
 from tests.unit.sim.test_engine import _tiny
 
@@ -91,7 +92,7 @@ def test_burst_on_binpack_serialises_at_margin_0() -> None:
         _whole(4),
         np.arange(4),
         registry.get("binpack"),
-        registry.EMPTY_CONTEXT,
+        api.EMPTY_CONTEXT,
         lock=lockwindow.LockModel(margin=0.0),
     )
     assert out.locks is not None
@@ -110,7 +111,7 @@ def test_burst_on_binpack_spreads_when_the_margin_reaches_the_free_nodes() -> No
         _whole(4),
         np.arange(4),
         registry.get("binpack"),
-        registry.EMPTY_CONTEXT,
+        api.EMPTY_CONTEXT,
         lock=lockwindow.LockModel(margin=0.12),
     )
     assert spread.locks is not None
@@ -121,7 +122,7 @@ def test_burst_on_binpack_spreads_when_the_margin_reaches_the_free_nodes() -> No
         _whole(4),
         np.arange(4),
         registry.get("binpack"),
-        registry.EMPTY_CONTEXT,
+        api.EMPTY_CONTEXT,
         lock=lockwindow.LockModel(margin=0.1),
     )
     assert narrow.locks is not None
@@ -135,7 +136,7 @@ def test_pods_without_gpus_take_no_lock() -> None:
         pods,
         np.arange(2),
         registry.get("binpack"),
-        registry.EMPTY_CONTEXT,
+        api.EMPTY_CONTEXT,
         lock=lockwindow.LockModel(),
     )
     assert out.locks is not None and out.locks.placements == 1
@@ -145,7 +146,7 @@ def test_pods_without_gpus_take_no_lock() -> None:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_margin_0_places_exactly_as_without_locks(name: str, seed: int) -> None:
     inventories, pods = _tiny(seed)
-    ctx = registry.Context(workload=workload.target_workload(pods))
+    ctx = api.Context(workload=workload.target_workload(pods))
     seq = np.arange(len(pods))
     plain = engine.run(inventories, pods, seq, registry.get(name), ctx)
     locked = engine.run(
@@ -175,7 +176,7 @@ def test_the_simulator_chooses_through_the_extenders_rule(monkeypatch: pytest.Mo
         _whole(3),
         np.arange(3),
         registry.get("binpack"),
-        registry.EMPTY_CONTEXT,
+        api.EMPTY_CONTEXT,
         lock=lockwindow.LockModel(margin=0.3),
     )
     assert calls == [0.3, 0.3, 0.3]

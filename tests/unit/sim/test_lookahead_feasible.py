@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslice.policy import registry
+from gpuslice.framework import registry
+from gpuslice.policy import api
 from gpuslice.sim import cluster, engine, trace
 
 pytestmark = pytest.mark.unit
@@ -30,7 +31,7 @@ pods = st.builds(
     types=type_sets,
 )
 shapes = st.builds(
-    registry.Shape,
+    api.Shape,
     cpu_milli=st.sampled_from((0, 1000, 4000, 12000)),
     share_milli=st.sampled_from((0, 230, 470, 810, 1000)),
     count=st.sampled_from((0, 1, 2)),
@@ -39,10 +40,10 @@ shapes = st.builds(
 
 
 @st.composite
-def workloads(draw: st.DrawFn) -> registry.Workload:
+def workloads(draw: st.DrawFn) -> api.Workload:
     chosen = draw(st.lists(shapes, min_size=1, max_size=8, unique=True))
     weights = draw(st.lists(st.integers(1, 20), min_size=len(chosen), max_size=len(chosen)))
-    return registry.Workload(tuple(chosen), tuple(w / sum(weights) for w in weights))
+    return api.Workload(tuple(chosen), tuple(w / sum(weights) for w in weights))
 
 
 @settings(max_examples=150, deadline=None)
@@ -62,7 +63,7 @@ def workloads(draw: st.DrawFn) -> registry.Workload:
 def test_every_choice_is_a_feasible_placement(
     node_specs: list[tuple[str, int, int]],
     seq: list[trace.TracePod],
-    workload: registry.Workload,
+    workload: api.Workload,
     capacity: tuple[tuple[str, int], ...],
 ) -> None:
     inventories = [
@@ -70,7 +71,7 @@ def test_every_choice_is_a_feasible_placement(
         for i, (model, gpus, cpu) in enumerate(node_specs)
     ]
     live = cluster.Cluster(inventories)
-    ctx = registry.Context(workload=workload, capacity=capacity, rng=np.random.default_rng(0))
+    ctx = api.Context(workload=workload, capacity=capacity, rng=np.random.default_rng(0))
     placer = engine.Placer(live, registry.get("fgd-lookahead"), ctx)
     for pod in seq:
         feasible = live.feasible(pod).tolist()

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from gpuslice import cli
 from gpuslice.cache import shapes
+from gpuslice.framework import registry
 from gpuslice.model import config as model_config
-from gpuslice.policy import registry, shares
+from gpuslice.policy import api, shares
 from gpuslice.sim import cluster, engine, experiment, fidelity, trace, workload
 
 pytestmark = pytest.mark.unit
@@ -28,7 +29,7 @@ Placed = list[tuple[int, object] | None]
 
 
 def places(sl: fidelity.Slice, policy: str, hist: shapes.ShapeHistogram | None) -> Placed:
-    placer = engine.Placer(cluster.Cluster(sl.nodes), registry.get(policy), registry.Context(), hist)
+    placer = engine.Placer(cluster.Cluster(sl.nodes), registry.get(policy), api.Context(), hist)
     out: Placed = []
     for pod in sl.pods:
         got = placer.place(pod)
@@ -58,7 +59,7 @@ def trusted(placer: engine.Placer) -> bool:
 def test_fallback_only_until_trusted(small: fidelity.Slice) -> None:
     s = model_config.WorkloadSettings(min_count=5, fallback="bestfit", drift=0.0)
     live = cluster.Cluster(small.nodes)
-    placer = engine.Placer(live, registry.get("fgd-lookahead"), registry.Context(), shapes.ShapeHistogram(s))
+    placer = engine.Placer(live, registry.get("fgd-lookahead"), api.Context(), shapes.ShapeHistogram(s))
     for pod in small.pods[:4]:
         assert placer.place(pod) is not None
     # each pod is observed before it is scored: the 4th was scored with 4 < 5 requests seen
@@ -68,14 +69,14 @@ def test_fallback_only_until_trusted(small: fidelity.Slice) -> None:
     assert placer.fallback_pods == 4 and trusted(placer)
     assert placer.current()[0].name == "fgd-lookahead"
     # a policy that does not learn the workload is never replaced
-    other = engine.Placer(live, registry.get("binpack"), registry.Context(), shapes.ShapeHistogram(s))
+    other = engine.Placer(live, registry.get("binpack"), api.Context(), shapes.ShapeHistogram(s))
     assert other.fallback is None and other.current()[0].name == "binpack"
 
 
 def test_snapshot_keeps_the_context_workload_object(small: fidelity.Slice) -> None:
     s = model_config.WorkloadSettings(min_count=1, drift=0.5)
     hist = shapes.ShapeHistogram(s)
-    placer = engine.Placer(cluster.Cluster(small.nodes), registry.get("fgd"), registry.Context(), hist)
+    placer = engine.Placer(cluster.Cluster(small.nodes), registry.get("fgd"), api.Context(), hist)
     workloads = []
     for pod in small.pods:
         placer.place(pod)
@@ -124,9 +125,7 @@ def test_every_choice_is_a_feasible_placement(seed: int, min_count: int, policy:
     sl = fidelity.make_slice(4, seed % 50, pod_limit=60)
     hist = shapes.ShapeHistogram(model_config.WorkloadSettings(min_count=min_count, fallback=fallback))
     live = cluster.Cluster(sl.nodes)
-    placer = engine.Placer(
-        live, registry.get(policy), registry.Context(rng=np.random.default_rng(seed)), hist
-    )
+    placer = engine.Placer(live, registry.get(policy), api.Context(rng=np.random.default_rng(seed)), hist)
     for pod in sl.pods:
         cand = live.feasible(pod).tolist()
         got = placer.place(pod)

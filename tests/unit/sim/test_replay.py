@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslice.cache import shapes
+from gpuslice.framework import registry
 from gpuslice.model import config as model_config
 from gpuslice.model import nodes
-from gpuslice.policy import paper, registry
+from gpuslice.policy import api, paper
 from gpuslice.sim import cluster, engine, loadscale, replay, trace
 
 pytestmark = pytest.mark.unit
@@ -51,9 +52,7 @@ def test_hand_computed_waits_and_time_averages() -> None:
         (4, 16.0, 5.0),  # e waits from 16; c holds half the card until 37: still waiting at 30
     ]
     rows.sort(key=lambda r: r[1])
-    r = replay.run(
-        ONE_CARD, PODS, schedule(rows, (2.0, 30.0)), paper.BestFit(), registry.EMPTY_CONTEXT, samples=4
-    )
+    r = replay.run(ONE_CARD, PODS, schedule(rows, (2.0, 30.0)), paper.BestFit(), api.EMPTY_CONTEXT, samples=4)
     # window [2, 30) = 28 s on 1000 milli: 1000 in use over [2, 15), 500 over [15, 30)
     # allocated = (13 * 1000 + 15 * 500) / (28 * 1000) = 20500 / 28000 = 73.214 % -> unallocated 26.786 %
     assert r.unallocated_pct == pytest.approx(100 * (1 - 20500 / 28000))
@@ -76,7 +75,7 @@ def test_hand_computed_waits_and_time_averages() -> None:
 
 def test_departure_before_arrival_at_the_same_instant() -> None:
     rows = [(0, 0.0, 10.0), (1, 10.0, 5.0)]  # a leaves at 10 as b arrives: b starts at once
-    r = replay.run(ONE_CARD, PODS, schedule(rows, (0.0, 20.0)), paper.BestFit(), registry.EMPTY_CONTEXT)
+    r = replay.run(ONE_CARD, PODS, schedule(rows, (0.0, 20.0)), paper.BestFit(), api.EMPTY_CONTEXT)
     assert (r.arrived, r.waited, r.never_ran) == (2, 0, 0)
     # 1000 in use over [0, 15) of [0, 20): 75 % allocated
     assert r.unallocated_pct == pytest.approx(25.0) and r.queued_time_pct == 0.0
@@ -85,7 +84,7 @@ def test_departure_before_arrival_at_the_same_instant() -> None:
 def test_full_queue_rejects_and_never_fitting_pod_waits_to_the_end() -> None:
     rows = [(0, 0.0, 10.0), (5, 1.0, 5.0), (1, 2.0, 5.0)]  # big queues; b finds the queue (limit 1) full
     r = replay.run(
-        ONE_CARD, PODS, schedule(rows, (0.0, 20.0)), paper.BestFit(), registry.EMPTY_CONTEXT, queue_limit=1
+        ONE_CARD, PODS, schedule(rows, (0.0, 20.0)), paper.BestFit(), api.EMPTY_CONTEXT, queue_limit=1
     )
     assert (r.arrived, r.rejected, r.still_queued, r.never_ran, r.waited) == (3, 1, 1, 2, 0)
     # a ran 0..10 -> 50 % allocated; big waited over [1, 20) -> 95 % of the time, 100 % idle after 10
@@ -99,7 +98,7 @@ def test_warmup_pods_are_not_counted() -> None:
     # a runs 0..10; b waits 1..10 (arrived in the warm-up: not counted), runs 10..15;
     # c (half a card) arrives at 12 while b holds the card: waits 12..15, runs 15..16
     rows = [(0, 0.0, 10.0), (1, 1.0, 5.0), (2, 12.0, 1.0)]
-    r = replay.run(ONE_CARD, PODS, schedule(rows, (5.0, 20.0)), paper.BestFit(), registry.EMPTY_CONTEXT)
+    r = replay.run(ONE_CARD, PODS, schedule(rows, (5.0, 20.0)), paper.BestFit(), api.EMPTY_CONTEXT)
     assert (r.arrived, r.waited, r.mean_wait, r.p99_wait) == (1, 1, 3.0, 3.0)
     # window [5, 20) = 15 s: 1000 over [5, 15), 500 over [15, 16) -> 10500 / 15000 = 70 % allocated
     assert r.unallocated_pct == pytest.approx(30.0)
@@ -111,7 +110,7 @@ def test_time_zero_population_is_never_counted() -> None:
     # the first entry is the steady-state population (initial = 1): not counted even in a window from 0
     rows = [(0, 0.0, 10.0), (1, 0.0, 5.0)]  # b arrives at 0 too, waits 0..10
     sched = dataclasses.replace(schedule(rows, (0.0, 20.0)), initial=1)
-    r = replay.run(ONE_CARD, PODS, sched, paper.BestFit(), registry.EMPTY_CONTEXT)
+    r = replay.run(ONE_CARD, PODS, sched, paper.BestFit(), api.EMPTY_CONTEXT)
     assert (r.arrived, r.waited, r.waits.tolist()) == (1, 1, [10.0])
 
 
@@ -121,7 +120,7 @@ def test_online_workload_observes_each_arrival_once() -> None:
     # however often it is retried
     rows = [(0, 0.0, 10.0), (1, 1.0, 5.0), (4, 2.0, 5.0), (3, 3.0, 1.0)]
     hist = shapes.ShapeHistogram(model_config.WorkloadSettings(min_count=1, fallback="bestfit"))
-    ctx = registry.Context(workload=None)
+    ctx = api.Context(workload=None)
     r = replay.run(ONE_CARD, PODS, schedule(rows, (0.0, 30.0)), paper.BestFit(), ctx, hist)
     assert hist.count == 4
     assert (r.arrived, r.waited, r.never_ran) == (4, 2, 0)
@@ -134,7 +133,7 @@ def test_host_less_arrival_is_observed_at_its_first_attempt_with_a_host() -> Non
     pods = [trace.make_pod("hog", 16000, 0, 1, 500), trace.make_pod("b", 1000, 0, 1, 500)]
     hist = shapes.ShapeHistogram(model_config.WorkloadSettings(min_count=1, fallback="bestfit"))
     rows = [(0, 0.0, 10.0), (1, 1.0, 5.0)]
-    r = replay.run(ONE_CARD, pods, schedule(rows, (0.0, 30.0)), paper.BestFit(), registry.Context(), hist)
+    r = replay.run(ONE_CARD, pods, schedule(rows, (0.0, 30.0)), paper.BestFit(), api.Context(), hist)
     assert hist.count == 2 and r.waits.tolist() == [0.0, 9.0]
 
 
@@ -149,7 +148,7 @@ def _naive(
     inventories: list[nodes.NodeInventory],
     pods: list[trace.TracePod],
     sched: loadscale.Schedule,
-    policy: registry.Policy,
+    policy: api.Policy,
     limit: int,
 ) -> list[float]:
     """Start times (NaN: never) when every waiting pod is retried, in order, after every departure.
@@ -157,7 +156,7 @@ def _naive(
     Departures at the same instant go in start order, as in ``replay.run``.
     """
     live = cluster.Cluster(inventories)
-    placer = engine.Placer(live, policy, registry.EMPTY_CONTEXT)
+    placer = engine.Placer(live, policy, api.EMPTY_CONTEXT)
     started = [float("nan")] * len(sched.pod)
     waiting: list[int] = []
     deps: list[tuple[float, int, int, int, object]] = []
@@ -222,7 +221,7 @@ def test_retrying_node_j_only_equals_retrying_everyone(
     timed = sorted(((k, float(t), d) for k, t, d in rows), key=lambda r: r[1])
     sched = schedule(timed, (5.0, 45.0))
     pol = registry.get(policy)
-    r = replay.run(NODES, SHAPES, sched, pol, registry.EMPTY_CONTEXT, queue_limit=limit)
+    r = replay.run(NODES, SHAPES, sched, pol, api.EMPTY_CONTEXT, queue_limit=limit)
     ref = np.array(_naive(NODES, SHAPES, sched, registry.get(policy), limit))
     counted = (sched.arrival >= 5.0) & (sched.arrival < 45.0)
     ran = counted & ~np.isnan(ref)

@@ -5,8 +5,9 @@ from typing import Any
 import pytest
 
 from gpuslice.codec import errors, resources
+from gpuslice.framework import registry
 from gpuslice.model import config as model_config
-from gpuslice.policy import chains, registry
+from gpuslice.policy import api
 from gpuslice.webhook import validate
 from tests.unit.webhook.builders import CORES, GPU, MEM, PCT, ctr, defaulted, pod
 
@@ -18,8 +19,8 @@ OPTS = validate.Options()
 def _chain_error(value: str) -> str:
     """The extender's own refusal of a card-policy chain (``policy.chains``)."""
     try:
-        chains.card_policy(value)
-    except registry.UnknownPolicyError as err:
+        registry.card_policy(value)
+    except api.UnknownPolicyError as err:
         return str(err)
     raise AssertionError(f"{value!r} is a valid chain")
 
