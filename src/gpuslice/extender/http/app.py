@@ -40,7 +40,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gpuslice.extender import config, holdings, metrics, parsing, tasks, wire
+from gpuslice.extender import config, holdings, listeners, metrics, parsing, tasks, wire
 from gpuslice.extender import preemption as preemptions
 from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.http import jsondepth, preempt
@@ -128,6 +128,33 @@ class Deps:
     locks: Callable[[str], Collection[str]] | None = None
     """Pod ``namespace/name`` -> the nodes whose HAMi lock it would find busy
     (``lockview.LockView.busy``), for the lock margin; None: no lock state (the margin has no effect)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FilterDone:
+    """One filter's verdict, as its listeners get it (``Handlers.on_filtered``).
+
+    Attributes:
+        pod: the pod's request.
+        meta: the pod's metadata as kube-scheduler sent it.
+        priority: the pod's priority (for preemption).
+        preemption_policy: the pod's preemption policy.
+        snap: the snapshot the pod was judged on.
+        names: the candidate nodes kube-scheduler sent.
+        busy: the nodes whose HAMi lock the pod would find busy (``_NOTHING_BUSY``: not looked at).
+        outcome: the verdict.
+        summary: ``Filter: 2/3 nodes feasible, ...`` for events and the pending registry.
+    """
+
+    pod: requests.PodRequest
+    meta: wire.ObjectMeta
+    priority: int | None
+    preemption_policy: str | None
+    snap: view.Snapshot
+    names: Sequence[str]
+    busy: Collection[str]
+    outcome: scheduling.FilterOutcome
+    summary: str
 
 
 class State(TypedDict):
@@ -367,6 +394,8 @@ class Handlers:
         self._seen = memo.Memo(SEEN_MEMO_ENTRIES, SEEN_MEMO_BYTES)  # pods counted in the learned workload
         self._reason_counts: dict[str, Counter] = {}  # metric children resolved once per label value
         self._score_counts = _LazyChildren(self.m.scores)
+        self.on_filtered = self._filter_listeners()
+        """The filter's verdict for each pod goes to these (``_filter_listeners``)."""
 
     def endpoint(self, verb: str, handle: Verb) -> Endpoint:
         """``handle`` with the depth check, 4xx answers for bad input, latency and status metrics."""
@@ -451,15 +480,6 @@ class Handlers:
         else:
             cyc = cycles.Cycle.of(deps.policies, snap, pod)
             outcome = scheduling.filter_nodes(cyc, names, self.log, deps.invalid_nodes, deps.excluded, busy)
-            if outcome.candidates is not None:  # no prioritize follows a single feasible node
-                deps.flow.remember_scores(pod.uid, *outcome.candidates)
-        deps.flow.remember(pod)
-        if busy is not _NOTHING_BUSY and deps.policies.extender_decides and len(outcome.feasible) == 1:
-            deps.flow.claim(_key(pod), outcome.feasible[0])  # taken until its bind arrives
-            if outcome.lock_moved:
-                self.m.lock_moves.labels("filter").inc()
-        if deps.shadow is not None and pod.wants_gpu and outcome.feasible:
-            deps.shadow.seen(snap, pod, names, deps.excluded)
         feasible_json = wire.ENCODER.encode(outcome.feasible)
         if pod.uid and outcome.scores is not None and outcome.feasible:
             filtered = scheduling.Filtered(
@@ -469,20 +489,10 @@ class Handlers:
         summary = "Filter: " + scheduling.summary(outcome)
         if claim is not None:
             summary += "; " + claims.waiting_note(_key(pod), claim, deps.flow.clock())
-        deps.flow.mark_unschedulable(pod.uid, pod.wants_gpu and not outcome.feasible)
-        if pod.wants_gpu:
-            deps.pending.note(pod, bool(outcome.feasible), summary)  # kept only while nothing fits
-        if outcome.feasible:
-            # Reported with the bind event (one API write per scheduled pod, not two).
-            deps.flow.remember_filter(pod.uid, summary)
-        else:
-            deps.events.record(
-                meta.namespace, meta.name, meta.uid, "Warning", "FilteringFailed", "Filter", summary
-            )
-            if deps.preemption is not None and pod.wants_gpu:  # the leader may evict for it, off this path
-                spec = args.pod.spec
-                deps.preemption.consider(pod, spec.priority, spec.preemption_policy, outcome)
-        self._count(outcome)
+        spec = args.pod.spec
+        self.on_filtered.emit(
+            FilterDone(pod, meta, spec.priority, spec.preemption_policy, snap, names, busy, outcome, summary)
+        )
         if self.log.enabled(2):
             self.log.v(2, "filter", pod=args.pod.key, summary=scheduling.summary(outcome))
         # ExtenderFilterResult's bytes, reusing the names array encoded for the prioritize memo.
@@ -497,6 +507,63 @@ class Handlers:
                 b',"Error":""}',
             )
         )
+
+    def _filter_listeners(self) -> listeners.Listeners[[FilterDone]]:
+        """Every consumer of a filter's verdict, in the order they run (the one place to add one)."""
+        deps = self.deps
+        out: listeners.Listeners[[FilterDone]] = listeners.Listeners()
+        out.add(self._bind_flow_learns)
+        if deps.shadow is not None:
+            out.add(self._shadow_judges)
+        out.add(self._pending_notes)
+        out.add(self._failure_reported)
+        if deps.preemption is not None:
+            out.add(self._preemption_considers)
+        out.add(lambda done: self._count(done.outcome))
+        return out
+
+    def _bind_flow_learns(self, done: FilterDone) -> None:
+        """The bind flow's memos: the pod, the extender's choice (claimed until its bind), the verdict."""
+        flow, pod, outcome = self.deps.flow, done.pod, done.outcome
+        if outcome.candidates is not None:  # no prioritize follows a single feasible node
+            flow.remember_scores(pod.uid, *outcome.candidates)
+        flow.remember(pod)
+        if (
+            done.busy is not _NOTHING_BUSY
+            and self.deps.policies.extender_decides
+            and len(outcome.feasible) == 1
+        ):
+            flow.claim(_key(pod), outcome.feasible[0])  # taken until its bind arrives
+            if outcome.lock_moved:
+                self.m.lock_moves.labels("filter").inc()
+        flow.mark_unschedulable(pod.uid, pod.wants_gpu and not outcome.feasible)
+        if outcome.feasible:
+            flow.remember_filter(pod.uid, done.summary)  # reported with the bind event: one write per pod
+
+    def _shadow_judges(self, done: FilterDone) -> None:
+        """Shadow mode judges the same pod on the same snapshot with its own policies."""
+        shadow = self.deps.shadow
+        if shadow is not None and done.pod.wants_gpu and done.outcome.feasible:
+            shadow.seen(done.snap, done.pod, done.names, self.deps.excluded)
+
+    def _pending_notes(self, done: FilterDone) -> None:
+        """The pending registry keeps a GPU pod only while nothing fits it (``/explain``, the UI)."""
+        if done.pod.wants_gpu:
+            self.deps.pending.note(done.pod, bool(done.outcome.feasible), done.summary)
+
+    def _failure_reported(self, done: FilterDone) -> None:
+        """A pod no node fits gets a ``FilteringFailed`` event with the summary."""
+        if not done.outcome.feasible:
+            meta = done.meta
+            self.deps.events.record(
+                meta.namespace, meta.name, meta.uid, "Warning", "FilteringFailed", "Filter", done.summary
+            )
+
+    def _preemption_considers(self, done: FilterDone) -> None:
+        """GPU-aware preemption may evict for a GPU pod no node fits (the leader, off this path)."""
+        preemption = self.deps.preemption
+        if preemption is not None and done.pod.wants_gpu and not done.outcome.feasible:
+            preemption.consider(done.pod, done.priority, done.preemption_policy, done.outcome)
 
     def _busy(self, pod: requests.PodRequest) -> Collection[str]:
         """The nodes whose lock the pod would find busy, when the lock margin is on and can tell.
