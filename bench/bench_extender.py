@@ -78,10 +78,11 @@ def build_cache(pods: int, seed: int) -> Any:
     holding them would; 150 000 pods fill about half the slots.
     """
     from gpuslice.cache import cache as caches
+    from gpuslice.framework import nominations
     from gpuslice.model import allocations, devices, nodes
 
     rng = np.random.default_rng(seed)
-    c = caches.ClusterCache()
+    c = caches.ClusterCache(nominator=nominations.Nominator())
     for n in range(NODES):
         devs = tuple(
             devices.GpuDevice(

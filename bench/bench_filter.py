@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuslice.cache import cache as cache_mod
-from gpuslice.framework import registry
+from gpuslice.framework import nominations, registry
 from gpuslice.model import allocations, devices, nodes, requests, topology
 from gpuslice.policy import api, batch, fit
 from gpuslice.sim import trace, workload
@@ -96,7 +96,7 @@ def dgx_topology(uuids: tuple[str, ...]) -> topology.Topology:
 def build(seed: int) -> cache_mod.ClusterCache:
     """NODES nodes of GPUS A100-80GB (NUMA by halves, DGX-like topology) with mixed usage."""
     rng = np.random.default_rng(seed)
-    c = cache_mod.ClusterCache()
+    c = cache_mod.ClusterCache(nominator=nominations.Nominator())
     for n in range(NODES):
         name = f"node-{n:05d}"
         devs = tuple(

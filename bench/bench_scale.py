@@ -344,7 +344,7 @@ class _TimedKube:
 async def _one_relist(kubeconfig: str, apiserver: int, name: str) -> dict[str, Any]:
     from gpuslice.cache import cache as caches
     from gpuslice.extender import config, feed, metrics
-    from gpuslice.framework import logs
+    from gpuslice.framework import logs, nominations
     from gpuslice.kube import client as kclient
 
     page, source, gzip = CONFIGS[name]
@@ -353,7 +353,8 @@ async def _one_relist(kubeconfig: str, apiserver: int, name: str) -> dict[str, A
         kube.http.headers["Accept-Encoding"] = "identity"
     try:
         timed = _TimedKube(kube, source == "rv0")
-        f = feed.Feed(timed, caches.ClusterCache(), config.Settings(), logs.Log(0), metrics.Metrics())  # type: ignore[arg-type]
+        cache = caches.ClusterCache(nominator=nominations.Nominator())
+        f = feed.Feed(timed, cache, config.Settings(), logs.Log(0), metrics.Metrics())  # type: ignore[arg-type]
         await f.sync.nodes.relist()
         pods = f.sync.pods
         pods.page_size = page
@@ -621,11 +622,12 @@ def _ingest1(path: pathlib.Path) -> dict[str, Any]:
     """One in-process relist of the recorded pods through ``Feed``: CPU, wall and RSS."""
     from gpuslice.cache import cache as caches
     from gpuslice.extender import config, feed, metrics
-    from gpuslice.framework import logs
+    from gpuslice.framework import logs, nominations
 
     pages = _read_pages(path)
     base = _proc_status(os.getpid())
-    f = feed.Feed(_PagesKube(pages), caches.ClusterCache(), config.Settings(), logs.Log(0), metrics.Metrics())  # type: ignore[arg-type]
+    cache = caches.ClusterCache(nominator=nominations.Nominator())
+    f = feed.Feed(_PagesKube(pages), cache, config.Settings(), logs.Log(0), metrics.Metrics())  # type: ignore[arg-type]
     asyncio.run(f.sync.nodes.relist())
     gc.collect()
     cpu0, t0 = time.process_time(), time.perf_counter()

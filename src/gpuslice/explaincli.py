@@ -32,9 +32,10 @@ from collections.abc import Sequence
 
 import msgspec
 
+from gpuslice.cache import cache as caches
 from gpuslice.extender import config, feed, holdings, parsing
 from gpuslice.extender.binding import liveness
-from gpuslice.framework import explain
+from gpuslice.framework import explain, nominations
 from gpuslice.framework import profile as profiles
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
@@ -112,6 +113,7 @@ async def from_cluster(
             s = settings
             live = await liveview.load(
                 kube,
+                caches.ClusterCache(nominator=nominations.Nominator()),  # nothing is nominated here
                 s.request_config,
                 transform=lambda inv: feed.scale(inv, s.memory_scaling, s.core_scaling),
                 claim_expiry_s=s.node_lock_expiry_s or config.DEFAULT_LOCK_EXPIRY_S,

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from gpuslice.cache import cache as caches
 from gpuslice.extender import config, feed
 from gpuslice.extender import metrics as ext_metrics
-from gpuslice.framework import logs
+from gpuslice.framework import logs, nominations
 from gpuslice.kube import client as kclient
 from gpuslice.model import nodes
 
@@ -19,7 +19,7 @@ WAIT_S = 15.0
 @contextlib.asynccontextmanager
 async def extender_cache(kube: kclient.KubeClient, job_label: str = "") -> AsyncIterator[caches.ClusterCache]:
     """The extender's informers feeding a cluster cache, as ``gpuslice serve`` runs them."""
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(nominator=nominations.Nominator())
     f = feed.Feed(kube, cache, config.Settings(job_label=job_label), logs.Log(), ext_metrics.Metrics())
     async with f.running():
         yield cache

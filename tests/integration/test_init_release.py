@@ -18,6 +18,7 @@ import pytest
 
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import keys, pod_devices
+from gpuslice.framework import nominations
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, pods, sync
 from gpuslice.model import allocations, nodes
@@ -115,7 +116,7 @@ async def test_init_peak_is_released_once_the_init_container_succeeded(
     )
     assert status_code == 201, body
 
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     key = f"{namespace}/trainer"
     full = (nodes.CardUsage(1, 5000, 20), nodes.EMPTY_CARD, (1, 5000, 20))
     app = (nodes.CardUsage(1, 1500, 20), nodes.EMPTY_CARD, (1, 1500, 20))
@@ -199,7 +200,7 @@ async def test_a_failed_init_container_keeps_the_peak(
     body["spec"]["restartPolicy"] = "Never"
     status_code, created = control_plane.api_request("POST", f"/api/v1/namespaces/{namespace}/pods", body)
     assert status_code == 201, created
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     key = f"{namespace}/once"
     try:
         s = sync.Sync(kube, cache, node_selector=f"gpuslice.io/test={label}")

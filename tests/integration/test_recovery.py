@@ -20,7 +20,7 @@ from gpuslice.codec import keys
 from gpuslice.codec import locks as lockcodec
 from gpuslice.extender import config, feed, metrics, recovery
 from gpuslice.extender.binding import bind, binder
-from gpuslice.framework import logs, profile
+from gpuslice.framework import logs, nominations, profile
 from gpuslice.kube import client as kclient
 from gpuslice.kube import locks, pods
 from gpuslice_dev import nodesim
@@ -53,7 +53,7 @@ async def eventually(pred: Callable[[], bool], timeout: float = 10.0) -> None:
 
 @contextlib.asynccontextmanager
 async def stack(kube: kclient.KubeClient) -> AsyncIterator[tuple[feed.Feed, recovery.Recovery, Events]]:
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     log = logs.Log(0)
     m = metrics.Metrics()
     source = feed.Feed(kube, cache, SETTINGS, log, m)
@@ -179,7 +179,7 @@ async def test_truth_check_reads_the_node_from_the_api_when_the_watch_lags(
     control_plane: ControlPlane, kube: kclient.KubeClient, namespace: str, node_name: str
 ) -> None:
     await nodesim.make_node(kube, node_name, count=2, memory_mib=81920)
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     source = feed.Feed(kube, cache, SETTINGS, logs.Log(0), metrics.Metrics())
     for inf in source.informers:  # listed once, never watching: the watch "lags" forever
         await inf.relist()
@@ -220,7 +220,7 @@ async def test_truth_check_charges_a_pod_bound_with_its_annotations_in_the_bindi
 ) -> None:
     """Another replica's bind wrote its claim in the Binding only: no ``hami.io/vgpu-node`` label."""
     await nodesim.make_node(kube, node_name, count=2, memory_mib=81920)
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     source = feed.Feed(kube, cache, SETTINGS, logs.Log(0), metrics.Metrics())
     for inf in source.informers:  # listed once, never watching: the watch "lags" forever
         await inf.relist()

@@ -15,7 +15,7 @@ import pytest
 
 from gpuslice.cache import cache as caches
 from gpuslice.extender import config, feed, metrics
-from gpuslice.framework import logs
+from gpuslice.framework import logs, nominations
 from gpuslice.kube import client as kclient
 from gpuslice.policy import quota as quotas
 from gpuslice_dev.controlplane import ControlPlane
@@ -68,7 +68,7 @@ async def test_quota_keys_follow_the_configured_names(
             "nvidia.com/cores": "1",  # the alias belongs to the default cores name only
         },
     )
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(nominator=nominations.Nominator())
     source = feed.Feed(kube, cache, RENAMED, logs.Log(), metrics.Metrics())
     assert source.sync.request_config == RENAMED.request_config
     async with source.running():
@@ -83,6 +83,6 @@ async def test_default_names_read_the_nvidia_cores_alias(
     create_quota(
         control_plane, namespace, "hami", {"limits.nvidia.com/gpucores": "90", "nvidia.com/gpu": "2"}
     )
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(nominator=nominations.Nominator())
     async with feed.Feed(kube, cache, config.Settings(), logs.Log(), metrics.Metrics()).running():
         await eventually(lambda: limits(cache, namespace) == (2, None, 80))

@@ -18,6 +18,7 @@ import pytest
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.cache import shapes
 from gpuslice.codec import keys, pod_devices
+from gpuslice.framework import nominations
 from gpuslice.kube import client as kclient
 from gpuslice.kube import events, pods, sync
 from gpuslice.model import allocations, status
@@ -76,7 +77,7 @@ async def test_watches_feed_the_cache(
     )
     assert status_code == 201, body
 
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     invalid: list[tuple[str, str]] = []
     try:
         async with events.Recorder(kube, instance="it-sync") as rec:
@@ -157,7 +158,7 @@ async def test_pending_pods_without_gpus_enter_the_target_workload(
     # feed observes each one once, when it first sees it pending. GPU pods are the filter's.
     label = unique("observe")
     histogram = shapes.ShapeHistogram(model_config.WorkloadSettings(min_count=1, drift=0.0))
-    cache = cluster_cache.ClusterCache(histogram)
+    cache = cluster_cache.ClusterCache(histogram, nominator=nominations.Nominator())
     path = f"/api/v1/namespaces/{namespace}/pods"
     for body in (
         _labelled_pod("cpu-a", label, "1500m"),

@@ -16,7 +16,7 @@ import pytest
 from gpuslice.cache import cache as caches
 from gpuslice.extender import config, preemption
 from gpuslice.extender.http import app as apps
-from gpuslice.framework import scheduling
+from gpuslice.framework import nominations, scheduling
 from gpuslice.kube import evictions, objects
 from gpuslice.model import status
 from gpuslice.policy import victims
@@ -34,7 +34,8 @@ class World:
     def __init__(
         self, leading: bool = True, refuse: str = "", budgets: tuple[victims.Budget, ...] = ()
     ) -> None:
-        self.cache = fakes.cluster_cache(builders.node("n").gpus(2, memory=81920))
+        self.nominator = nominations.Nominator()
+        self.cache = fakes.cluster_cache(builders.node("n").gpus(2, memory=81920), nominator=self.nominator)
         self.store: dict[str, objects.Pod] = {}
         self.evicted: list[str] = []
         self.refuse = refuse
@@ -50,6 +51,7 @@ class World:
             self.deps.log,
             self.store.get,
             leading=lambda: leading,
+            nominator=self.nominator,
             ttl_s=60.0,
             clock=lambda: fakes.CLOCK,
             evict=self.evict,
@@ -110,7 +112,7 @@ async def test_the_cheapest_card_is_freed_held_and_handed_to_the_preemptor() -> 
     w = World()
     assert await w.filter(whole(), priority=100) == []
     assert w.evicted == ["default/lo-a", "default/lo-b"]  # the lower-priority card's pods only
-    nom = w.cache.nomination("default/hp")
+    nom = w.nominator.nomination("default/hp")
     assert nom is not None and {g.uuid for c in nom.alloc.containers for g in c} == {CARD0}
     (preempting,) = w.events("Preempting")
     assert preempting[0] == "default/hp" and CARD0 in preempting[3] and "default/lo-a" in preempting[3]
@@ -123,7 +125,7 @@ async def test_the_cheapest_card_is_freed_held_and_handed_to_the_preemptor() -> 
     bind = {"PodName": "hp", "PodNamespace": "default", "PodUID": "uid-hp", "Node": "n"}
     answer = msgspec.json.decode(await w.h.bind(msgspec.json.encode(bind)))
     assert answer.get("Error", "") == ""
-    assert w.cache.nomination("default/hp") is None
+    assert w.nominator.nomination("default/hp") is None
     assert w.cache.pod_state("default/hp") is caches.PodState.ASSUMED
     alloc = w.cache.pod_allocation("default/hp")
     assert alloc is not None and [g.uuid for c in alloc.containers for g in c] == [CARD0]
@@ -137,7 +139,7 @@ async def test_a_budget_read_with_the_watched_labels_steers_the_choice_to_unprot
     w = World(budgets=(protect,))
     assert await w.filter(whole(), priority=100) == []
     assert w.evicted == ["default/mid-c", "default/mid-d"]
-    nom = w.cache.nomination("default/hp")
+    nom = w.nominator.nomination("default/hp")
     assert nom is not None and {g.uuid for c in nom.alloc.containers for g in c} == {CARD1}
 
 
@@ -145,10 +147,10 @@ async def test_no_preemption_for_never_equal_priority_or_a_follower() -> None:
     w = World()
     await w.filter(whole(), priority=100, never=True)
     await w.filter(whole("eq"), priority=1)  # nobody strictly lower than 1
-    assert w.evicted == [] and w.cache.nominations() == ()
+    assert w.evicted == [] and w.nominator.nominations() == ()
     follower = World(leading=False)
     await follower.filter(whole(), priority=100)
-    assert follower.evicted == [] and follower.cache.nominations() == ()
+    assert follower.evicted == [] and follower.nominator.nominations() == ()
 
 
 async def test_each_preemptor_gets_its_own_card() -> None:
@@ -166,7 +168,7 @@ async def test_a_refused_eviction_stops_and_releases_the_nomination() -> None:
     w = World(refuse="default/lo-b")
     await w.filter(whole(), priority=100)
     assert w.evicted == ["default/lo-a"]
-    assert w.cache.nomination("default/hp") is None
+    assert w.nominator.nomination("default/hp") is None
     (blocked,) = w.events("PreemptionBlocked")
     assert blocked[1] == "Warning" and "default/lo-b" in blocked[3]
     assert w.counted("blocked") == 1
@@ -176,7 +178,7 @@ async def test_no_attempt_when_evicting_cannot_help() -> None:
     w = World()
     await w.filter(fakes.gpu_pod("huge", gpu=3), priority=100)  # 3 cards on a 2-card node: unresolvable
     await w.filter(whole("low"), priority=1)  # nobody has a strictly lower priority
-    assert w.evicted == [] and w.cache.nominations() == ()
+    assert w.evicted == [] and w.nominator.nominations() == ()
     assert w.counted("preempted") == 0 and w.counted("no_candidate") == 1
     await w.filter(whole("low"), priority=1)  # retried by kube-scheduler at once: no new attempt
     assert w.counted("no_candidate") == 1
@@ -205,7 +207,7 @@ def test_only_gpu_capacity_reasons_make_candidates() -> None:
 async def test_the_sweep_releases_nominations_of_pods_gone_bound_elsewhere_or_expired() -> None:
     w = World()
     await w.filter(whole(), priority=100)
-    assert w.cache.nomination("default/hp") is not None
+    assert w.nominator.nomination("default/hp") is not None
     w.store["default/hp"] = objects.Pod(
         metadata=objects.ObjectMeta(name="hp", namespace="default", uid="uid-hp"),
         spec=objects.PodSpec(priority=100),

@@ -23,14 +23,16 @@ Pod states (after kube-scheduler's cache)::
   assumed pod, or charges a pod the scheduler never assumed (e.g. after a restart). It never
   refuses: the pod is placed already, and the cache must say what the cluster holds. A pod is
   never assumed twice; ``remove_pod`` works from any state.
-* ``nominate`` holds cards for a preemptor while its victims leave (docs/preemption.md): they
-  count as taken in every snapshot and every other pod's ``assume``, but not in the preemptor's
-  own view (``snapshot_for``), and the preemptor's ``assume`` converts the nomination in the same
-  locked step. ``claim_nomination`` (its bind started) takes the cards out of the snapshots while
-  ``assume`` still refuses them to everyone else. A nomination ends with that ``assume``, with
-  ``add_pod`` of the preemptor (placed anywhere), ``release_nomination`` or
-  ``expire_nominations``; ``remove_pod`` leaves it (the sync calls it on every update of a
-  pending pod).
+* Nominations, cards held for a preemptor while its victims leave (docs/preemption.md), are kept
+  by a ``Nominations`` object (``framework.nominations.Nominator``) given to the cache, as
+  kube-scheduler keeps its nominator beside its queue rather than in its cache. The cache applies
+  them under its lock (then the nominator's, never the reverse): an unclaimed nomination counts
+  as taken in every snapshot and every other pod's ``assume``, but not in the preemptor's own
+  view (``snapshot_for``); a claimed one (its bind started) is out of the snapshots but still
+  refused to every other pod's ``assume``; the preemptor's ``assume`` converts its own in the same
+  locked step. ``nominate`` checks the node is known; ``add_pod`` of the preemptor (placed
+  anywhere) and ``remove_node`` end nominations; ``remove_pod`` leaves them (the sync calls it on
+  every update of a pending pod).
 
 Init containers (``docs/init-containers.md``): a pod is charged max(init peak, app sum) per card
 until the watch reports every init container succeeded (``add_pod(..., inits_done=True)``); it
@@ -56,12 +58,14 @@ memory).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import sys
 import threading
 import types
 from collections.abc import Mapping
+from typing import Protocol
 
 import msgspec
 
@@ -126,19 +130,6 @@ class _Node:
     generation: int = 0
 
 
-@dataclasses.dataclass(slots=True)
-class _Nomination:
-    """Cards held for a preemptor while its victims leave (``ClusterCache.nominate``)."""
-
-    key: str
-    uid: str
-    alloc: allocations.PodAllocation
-    reservation: Reservation
-    expires_at: float
-    claimed: bool = False
-    """Its bind started: no longer in the node's usage, still refused to every other pod."""
-
-
 class HeldPod(msgspec.Struct, frozen=True):
     """A pod charged on a node (``ClusterCache.pods_on``): its charge per card and its state."""
 
@@ -154,14 +145,52 @@ def _pod_key(p: _Pod) -> str:
     return p.key
 
 
-class Nomination(msgspec.Struct, frozen=True):
-    """A nominated reservation as readers see it: the preemptor, its node and cards, the deadline."""
+class Nominations(Protocol):
+    """What the cache needs of the preemptors' nominations (``framework.nominations.Nominator``).
 
-    key: str
-    uid: str
-    alloc: allocations.PodAllocation
-    expires_at: float
-    claimed: bool = False
+    The cache holds ``lock`` (after its own) across the reads and the ``take`` of one step.
+    """
+
+    @property
+    def lock(self) -> contextlib.AbstractContextManager[object]:
+        """Taken after the cache's lock, never before it."""
+        ...
+
+    def nominate(self, key: str, uid: str, alloc: allocations.PodAllocation, expires_at: float) -> None:
+        """Hold ``alloc``'s cards for the preemptor ``key`` (replacing its earlier nomination)."""
+        ...
+
+    def take(self, key: str, uid: str) -> bool:
+        """The preemptor's ``assume`` succeeded: its own nomination ends."""
+        ...
+
+    def release(self, key: str) -> bool:
+        """Drop the pod's nomination."""
+        ...
+
+    def drop_node(self, node: str) -> None:
+        """The node is gone: drop the nominations on it."""
+        ...
+
+    def unclaimed_node(self, key: str) -> str | None:
+        """The node of the pod's unclaimed nomination, None when it has none."""
+        ...
+
+    def held(self, skip: str = "") -> Mapping[str, Mapping[str, nodes.CardUsage]]:
+        """Node -> UUID -> what unclaimed nominations hold (``skip``'s own left out)."""
+        ...
+
+    def held_against(self, node: str, key: str, uid: str) -> Mapping[str, nodes.CardUsage]:
+        """UUID -> what nominations hold on ``node`` against the pod ``key`` (``uid``)."""
+        ...
+
+    def version(self) -> int:
+        """Grows with every change."""
+        ...
+
+    def changed_since(self, version: int) -> tuple[str, ...]:
+        """The nodes whose nominations changed after ``version``."""
+        ...
 
 
 def _namespace(key: str) -> str:
@@ -176,9 +205,12 @@ _SHARED_MAX = 65536
 class ClusterCache:
     """Nodes, pods and namespace usage; see the module docstring for the state machine."""
 
-    def __init__(self, histogram: shapes.ShapeHistogram | None = None) -> None:
-        """An empty cache."""
+    def __init__(self, histogram: shapes.ShapeHistogram | None = None, *, nominator: Nominations) -> None:
+        """An empty cache; ``nominator`` keeps the preemptors' nominations (module docstring)."""
         self._lock = threading.RLock()  # reentrant: ``snapshot_for`` takes a snapshot under it
+        self.nominator = nominator
+        self._nom_seen = 0  # the nominator's version the nodes were last marked dirty for
+        self._nom_skip = ""  # ``snapshot_for``: the preemptor whose own nomination is left out
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, _Pod] = {}
         self._by_node: dict[str, set[str]] = {}
@@ -197,7 +229,6 @@ class ClusterCache:
         self._models: dict[str, int] = {}  # cards per model over all nodes (``Snapshot.capacity``)
         self._capacity: tuple[tuple[str, int], ...] | None = None
         self._grants: dict[allocations.DeviceGrant, allocations.DeviceGrant] = {}
-        self._nominations: dict[str, _Nomination] = {}  # preemptor key -> its held cards
         # ``Snapshot.jobs``: job -> node -> JobOnNode, from ``_states``' jobs. Copy-on-write: a
         # mapping handed to a snapshot is never changed; a job whose nodes change gets a new one.
         self._job_nodes: dict[str, Mapping[str, nodes.JobOnNode]] = {}
@@ -222,9 +253,6 @@ class ClusterCache:
             self._removed.discard(inventory.name)
             for key in self._by_node.get(inventory.name, ()):
                 self._charge_node(self._pods[key], 1)
-            for nom in self._nominations.values():
-                if nom.alloc.node == inventory.name and not nom.claimed:
-                    self._charge_nomination(nom, 1)
             self._touch(inventory.name)
 
     def _count_models(self, inventory: nodes.NodeInventory, sign: int) -> None:
@@ -248,8 +276,7 @@ class ClusterCache:
             for key in self._by_node.get(name, ()):
                 pod = self._pods[key]
                 self._orphans[key] = tuple(snapshot.Orphan(name, u, key) for u, _ in pod.reservation)
-            for k in [k for k, nom in self._nominations.items() if nom.alloc.node == name]:
-                del self._nominations[k]  # the node's cards are gone: nothing left to hold
+            self.nominator.drop_node(name)  # the node's cards are gone: nothing left to hold
             self._dirty.discard(name)
             self._removed.add(name)
             self._gen += 1
@@ -295,23 +322,15 @@ class ClusterCache:
         """
         del now
         key = sys.intern(key)
-        with self._lock:
+        with self._lock, self.nominator.lock:
             if key in self._pods:
                 return _ALREADY_CACHED
             reservation = self._reservation(alloc, False)
             namespace = _namespace(key)
-            own = self._nominations.get(key)
-            if own is not None and own.uid != uid:
-                own = None
-            if own is not None and not own.claimed:
-                self._charge_nomination(own, -1)
-            verdict = self._admits(alloc, reservation, namespace, key)
+            verdict = self._admits(alloc, reservation, namespace, key, uid)
             if not verdict.ok:
-                if own is not None and not own.claimed:
-                    self._charge_nomination(own, 1)
                 return verdict
-            if own is not None:
-                del self._nominations[key]
+            self.nominator.take(key, uid)  # its own nomination, if any, becomes this assumption
             pod = _Pod(key, uid, namespace, self._compact(alloc), reservation, PodState.ASSUMED)
             pod.job = sys.intern(job)  # its job, for NodeState.jobs (the balanced task affinity)
             self._charge(pod, 1)
@@ -359,8 +378,7 @@ class ClusterCache:
         job = sys.intern(job)
         key = sys.intern(key)
         with self._lock:
-            if key in self._nominations:  # the preemptor is placed (here or elsewhere): hold no more
-                self._drop_nomination(key)
+            self.nominator.release(key)  # the preemptor is placed (here or elsewhere): hold no more
             pod = self._pods.get(key)
             if pod is not None and pod.uid == uid and pod.alloc == alloc:
                 pod.state = PodState.ADDED
@@ -429,121 +447,48 @@ class ClusterCache:
             )
 
     def nominate(self, key: str, uid: str, alloc: allocations.PodAllocation, expires_at: float) -> bool:
-        """Hold ``alloc``'s cards for a preemptor until ``expires_at`` (replacing its earlier one).
+        """Hold ``alloc``'s cards for a preemptor until ``expires_at`` (the nominator's ``nominate``).
 
-        The cards count as taken in every snapshot (on top of the victims still holding them)
-        and in every other pod's ``assume``; ``snapshot_for`` leaves them out for the preemptor
-        itself, and its own ``assume`` converts them. False when the node is unknown.
+        Checked against the nodes under the lock, so no nomination outlives its node's removal;
+        False when the node is unknown.
         """
-        key = sys.intern(key)
         with self._lock:
             if alloc.node not in self._nodes:
                 return False
-            if key in self._nominations:
-                self._drop_nomination(key)
-            nom = _Nomination(key, uid, alloc, self._reservation(alloc, False), expires_at)
-            self._nominations[key] = nom
-            self._charge_nomination(nom, 1)
+            self.nominator.nominate(sys.intern(key), uid, alloc, expires_at)
             return True
-
-    def nomination(self, key: str) -> Nomination | None:
-        """The pod's nominated reservation, None when it has none."""
-        with self._lock:
-            nom = self._nominations.get(key)
-            if nom is None:
-                return None
-            return Nomination(nom.key, nom.uid, nom.alloc, nom.expires_at, nom.claimed)
-
-    def nominations(self) -> tuple[Nomination, ...]:
-        """Every nominated reservation, by preemptor key."""
-        with self._lock:
-            return tuple(
-                Nomination(n.key, n.uid, n.alloc, n.expires_at, n.claimed)
-                for _, n in sorted(self._nominations.items())
-            )
-
-    def claim_nomination(self, key: str, uid: str) -> bool:
-        """The preemptor's bind starts: its cards leave the snapshots, still refused to other pods.
-
-        The bind path fits the pod on a plain snapshot, so the held cards must look free there;
-        until the bind's ``assume`` converts the nomination (or it expires), another pod's
-        ``assume`` still counts them as taken. False when the pod (this UID) holds no nomination.
-        """
-        with self._lock:
-            nom = self._nominations.get(key)
-            if nom is None or nom.uid != uid:
-                return False
-            if not nom.claimed:
-                self._charge_nomination(nom, -1)
-                nom.claimed = True
-            return True
-
-    def release_nomination(self, key: str) -> bool:
-        """Drop the pod's nominated reservation; False when it had none."""
-        with self._lock:
-            if key not in self._nominations:
-                return False
-            self._drop_nomination(key)
-            return True
-
-    def expire_nominations(self, now: float) -> tuple[str, ...]:
-        """Drop the nominations whose deadline has passed; their keys, sorted."""
-        with self._lock:
-            gone = sorted(k for k, n in self._nominations.items() if n.expires_at <= now)
-            for k in gone:
-                self._drop_nomination(k)
-            return tuple(gone)
 
     def snapshot_for(self, key: str) -> snapshot.Snapshot:
         """``snapshot`` as the preemptor ``key`` sees it: its own nominated cards free.
 
-        Built by lifting the nomination off its node for one snapshot (only that node is rebuilt,
-        twice: now and at the next plain snapshot). Without a (visible) nomination this is the
-        plain snapshot.
+        Built by leaving the nomination out of its node for one snapshot (only that node is
+        rebuilt, twice: now and at the next plain snapshot). Without a (visible) nomination this
+        is the plain snapshot.
         """
-        if key not in self._nominations:  # most pods: a dict lookup (atomic) and the plain snapshot
+        if self.nominator.unclaimed_node(key) is None:  # most pods: the plain snapshot
             return self.snapshot()
-        with self._lock:
-            nom = self._nominations.get(key)
-            if nom is None or nom.claimed or nom.alloc.node not in self._nodes:
+        with self._lock, self.nominator.lock:
+            node = self.nominator.unclaimed_node(key)
+            if node is None or node not in self._nodes:
                 return self.snapshot()
-            self._charge_nomination(nom, -1)
+            self._nom_skip = key
+            self._touch(node)
             try:
                 snap = self.snapshot()
             finally:
-                self._charge_nomination(nom, 1)  # a new generation: the next snapshot rebuilds the node
+                self._nom_skip = ""
+                self._touch(node)  # a new generation: the next snapshot rebuilds the node
             return snap
 
-    def _charge_nomination(self, nom: _Nomination, sign: int) -> None:
-        """Add (1) or remove (-1) a nomination's cards to its node's usage (lock held)."""
-        node = self._nodes.get(nom.alloc.node)
-        if node is None:
+    def _sync_nominations(self) -> None:
+        """Mark dirty the nodes whose nominations changed since the last look (both locks held)."""
+        version = self.nominator.version()
+        if version == self._nom_seen:
             return
-        for uuid, r in nom.reservation:
-            i = node.index.get(uuid)
-            if i is None:
-                continue
-            u = node.usage[i]
-            node.usage[i] = nodes.CardUsage(
-                u.slots + sign * r.slots, u.memory_mib + sign * r.memory_mib, u.cores + sign * r.cores
-            )
-        self._touch(nom.alloc.node)
-
-    def _drop_nomination(self, key: str) -> None:
-        nom = self._nominations.pop(key)
-        if not nom.claimed:
-            self._charge_nomination(nom, -1)
-
-    def _held_for_others(self, node: str, key: str) -> dict[str, nodes.CardUsage]:
-        """UUID -> what claimed nominations of pods other than ``key`` hold on ``node`` (lock held)."""
-        out: dict[str, nodes.CardUsage] = {}
-        for nom in self._nominations.values():
-            if not nom.claimed or nom.key == key or nom.alloc.node != node:
-                continue
-            for uuid, r in nom.reservation:
-                u = out.get(uuid, nodes.EMPTY_CARD)
-                out[uuid] = nodes.CardUsage(u.slots + r.slots, u.memory_mib + r.memory_mib, u.cores + r.cores)
-        return out
+        for name in self.nominator.changed_since(self._nom_seen):
+            if name in self._nodes:
+                self._touch(name)
+        self._nom_seen = version
 
     # ----- snapshot
 
@@ -555,11 +500,13 @@ class ClusterCache:
 
     def snapshot(self) -> snapshot.Snapshot:
         """An immutable view; only nodes changed since the last snapshot are rebuilt."""
-        with self._lock:
+        with self._lock, self.nominator.lock:
+            self._sync_nominations()
             if self._last is not None and self._last.generation == self._gen:
                 return self._last
             nodes_changed = bool(self._removed or self._dirty) or self._last is None
             jobs_changed: dict[str, dict[str, nodes.JobOnNode]] = {}  # job -> its new node map
+            held = self.nominator.held(self._nom_skip) if self._dirty else {}
             for name in self._removed:
                 gone = self._states.pop(name, None)
                 if gone is not None and gone.jobs:
@@ -570,7 +517,7 @@ class ClusterCache:
                 old = self._states.get(name)
                 state = nodes.NodeState(
                     inventory=n.inventory,
-                    usage=tuple(n.usage),
+                    usage=_with_held(n, held.get(name)),
                     cpu_used_milli=n.cpu_used,
                     memory_used_mib=n.memory_used,
                     jobs=self._node_jobs(name, n),
@@ -612,7 +559,8 @@ class ClusterCache:
 
     def node_generation(self, name: str) -> int | None:
         """The generation at which the node last changed (None if unknown)."""
-        with self._lock:
+        with self._lock, self.nominator.lock:
+            self._sync_nominations()
             n = self._nodes.get(name)
             return None if n is None else n.generation
 
@@ -708,12 +656,13 @@ class ClusterCache:
         self._dirty.add(name)
 
     def _admits(
-        self, alloc: allocations.PodAllocation, reservation: Reservation, namespace: str, key: str = ""
+        self, alloc: allocations.PodAllocation, reservation: Reservation, namespace: str, key: str, uid: str
     ) -> status.Status:
+        """Whether the pod fits; ``node.usage`` is the pods', the nominations held against it are added."""
         node = self._nodes.get(alloc.node)
         if node is None:
             return status.Status(status.Code.UNRESOLVABLE, (status.NODE_UNREGISTERED,))
-        held = self._held_for_others(alloc.node, key) if self._nominations else {}
+        held = self.nominator.held_against(alloc.node, key, uid)
         inv = node.inventory
         if inv.cpu_milli > 0 and alloc.cpu_milli > inv.cpu_milli - node.cpu_used:
             return status.Status(status.Code.UNSCHEDULABLE, (status.INSUFFICIENT_CPU,))
@@ -730,7 +679,7 @@ class ClusterCache:
                 return status.Status(status.Code.UNRESOLVABLE, (reason,))
             taken = node.usage[i]
             extra = held.get(uuid)
-            if extra is not None:  # claimed by a preemptor whose bind is under way
+            if extra is not None:  # held for a preemptor (its victims leaving, or its bind under way)
                 taken = nodes.CardUsage(
                     taken.slots + extra.slots, taken.memory_mib + extra.memory_mib, taken.cores + extra.cores
                 )
@@ -800,6 +749,19 @@ class ClusterCache:
         self._charge(pod, -1)
         del self._pods[pod.key]
         self._assumed.discard(pod.key)
+
+
+def _with_held(node: _Node, held: Mapping[str, nodes.CardUsage] | None) -> tuple[nodes.CardUsage, ...]:
+    """The node's card usage as snapshots show it: its pods' plus what nominations hold."""
+    if not held:
+        return tuple(node.usage)
+    usage = list(node.usage)
+    for uuid, r in held.items():
+        i = node.index.get(uuid)
+        if i is not None:
+            u = usage[i]
+            usage[i] = nodes.CardUsage(u.slots + r.slots, u.memory_mib + r.memory_mib, u.cores + r.cores)
+    return tuple(usage)
 
 
 _NO_SELECTORS = requests.NO_SELECTORS

@@ -16,8 +16,9 @@ hidden from its fit), so this module does it, on the leader only and off the req
    ordered as kube-scheduler orders them (``victims.order``).
 3. **Budgets.** If the best candidate still needs a pod a budget protects, nothing is evicted:
    a Warning ``PreemptionBlocked`` event on the preemptor names the budget(s).
-4. **Nomination, then evictions.** The preemptor's cards are nominated in the cache (held for
-   ``nomination_ttl_s``; every other pod's filter and bind see them taken) *before* the first
+4. **Nomination, then evictions.** The preemptor's cards are nominated (``framework.nominations``,
+   which the cache applies; held for ``nomination_ttl_s``; every other pod's filter and bind see
+   them taken) *before* the first
    eviction, so the capacity each victim frees is held from the moment it frees. Victims are
    evicted through the Eviction API (``kube.evictions``), most important first; a refusal by a
    budget (429) or any failure stops the evictions for this pod, releases the nomination and
@@ -42,7 +43,7 @@ from gpuslice.cache import snapshot as snapshots
 from gpuslice.extender import metrics, tasks
 from gpuslice.extender.binding import bind as binds
 from gpuslice.framework import cycle as cycles
-from gpuslice.framework import logs, memo, scheduling, view
+from gpuslice.framework import logs, memo, nominations, scheduling, view
 from gpuslice.framework import profile as profiles
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
@@ -90,27 +91,7 @@ class Cache(Protocol):
         ...
 
     def nominate(self, key: str, uid: str, alloc: allocations.PodAllocation, expires_at: float) -> bool:
-        """Hold cards for a preemptor."""
-        ...
-
-    def nomination(self, key: str) -> caches.Nomination | None:
-        """The pod's nomination."""
-        ...
-
-    def nominations(self) -> tuple[caches.Nomination, ...]:
-        """Every nomination."""
-        ...
-
-    def claim_nomination(self, key: str, uid: str) -> bool:
-        """The preemptor's bind starts."""
-        ...
-
-    def release_nomination(self, key: str) -> bool:
-        """Drop a nomination."""
-        ...
-
-    def expire_nominations(self, now: float) -> tuple[str, ...]:
-        """Drop expired nominations."""
+        """Hold cards for a preemptor (in its nominator), if the node is known."""
         ...
 
 
@@ -141,6 +122,7 @@ class Preemption:
         pods: the pod watch's store (priorities, preemptors that went away).
         leading: True while this replica leads (only the leader preempts); required, so the gate
             is never open by default.
+        nominator: the nominations the cache applies (the one given to ``cache``).
         ttl_s: how long a nomination holds the freed cards.
         clock: wall clock for nomination deadlines.
         evict: how a victim is evicted (default: the Eviction API through ``kube``).
@@ -159,6 +141,7 @@ class Preemption:
         pods: Pods,
         *,
         leading: Callable[[], bool],
+        nominator: nominations.Nominator,
         ttl_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         evict: Callable[[victims.Resident], Awaitable[evictions.Result]] | None = None,
@@ -172,6 +155,7 @@ class Preemption:
         self.log = log
         self.pods = pods
         self.leading = leading
+        self.nominator = nominator
         self.ttl_s = ttl_s
         self.clock = clock
         self.evict = evict or self._evict
@@ -188,9 +172,9 @@ class Preemption:
 
     def binding(self, key: str, uid: str, node: str) -> None:
         """kube-scheduler binds ``key`` on ``node``: hand its nomination there to the bind path."""
-        nom = self.cache.nomination(key)
+        nom = self.nominator.nomination(key)
         if nom is not None and nom.alloc.node == node:
-            self.cache.claim_nomination(key, uid)
+            self.nominator.claim(key, uid)
 
     def consider(
         self,
@@ -206,7 +190,7 @@ class Preemption:
         if not victims.can_preempt(priority, policy) or pod.uid in self._running:
             return False
         key = f"{pod.namespace}/{pod.name}"
-        if self.cache.nomination(key) is not None:
+        if self.nominator.nomination(key) is not None:
             return False  # its victims are leaving; the nomination holds their cards
         last = self._tried.get(pod.uid)
         now = self.monotonic()
@@ -383,7 +367,7 @@ class Preemption:
                     f"for pod {key} (priority {priority})",
                 )
                 continue
-            self.cache.release_nomination(key)
+            self.nominator.release(key)
             if result.outcome is evictions.Outcome.BLOCKED:
                 self._warn(
                     pod,
@@ -418,12 +402,12 @@ class Preemption:
 
     def sweep(self) -> tuple[str, ...]:
         """Release expired nominations and those whose pod went away or was bound elsewhere."""
-        gone = list(self.cache.expire_nominations(self.clock()))
-        for nom in self.cache.nominations():
+        gone = list(self.nominator.expire(self.clock()))
+        for nom in self.nominator.nominations():
             pod = self.pods(nom.key)
             bound = "" if pod is None else pod.spec.node_name
             if pod is None or pod.metadata.uid != nom.uid or (bound and bound != nom.alloc.node):
-                if self.cache.release_nomination(nom.key):
+                if self.nominator.release(nom.key):
                     gone.append(nom.key)
         if gone:
             self.log.info("nominations released", pods=",".join(sorted(gone)))

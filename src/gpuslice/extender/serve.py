@@ -42,7 +42,7 @@ from gpuslice.extender.binding import failpoints, leader, leaderlabel, lockview
 from gpuslice.extender.http import app as apps
 from gpuslice.extender.http import httpserver as httpservers
 from gpuslice.extender.ops import shadow as shadows
-from gpuslice.framework import logs, view
+from gpuslice.framework import logs, nominations, view
 from gpuslice.framework import pending as pendings
 from gpuslice.framework import profile as profiles
 from gpuslice.kube import client as kclient
@@ -102,7 +102,8 @@ def pod_label(
 def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     """Wire the real dependencies (no I/O happens until the app's lifespan starts)."""
     kube = kclient.KubeClient.auto(settings.kubeconfig or None, qps=settings.qps, burst=settings.burst)
-    cache = caches.ClusterCache(shapes.ShapeHistogram(settings.workload))
+    nominator = nominations.Nominator()  # preemption's held cards, applied by the cache
+    cache = caches.ClusterCache(shapes.ShapeHistogram(settings.workload), nominator=nominator)
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
     policies = profiles.Profile.from_settings(settings, clock=time.time)
     instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
@@ -154,6 +155,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
             log,
             source.pod,
             leading=lead.is_leading,
+            nominator=nominator,
             ttl_s=settings.nomination_ttl_s,
         )
 

@@ -34,12 +34,12 @@ class LiveView(NamedTuple):
 
 async def load(
     kube: kclient.KubeClient,
+    cache: cluster_cache.ClusterCache,
     request_config: model_config.RequestConfig = model_config.DEFAULT_REQUEST_CONFIG,
     transform: Callable[[nodes.NodeInventory], nodes.NodeInventory] | None = None,
-    cache: cluster_cache.ClusterCache | None = None,
     claim_expiry_s: float | None = None,
 ) -> LiveView:
-    """List nodes, pods and ResourceQuotas once into ``cache`` (a new one by default).
+    """List nodes, pods and ResourceQuotas once into ``cache`` (an empty one, say).
 
     ``claim_expiry_s``: another scheduler's filter claims older than this, with no lock naming
     their pod, are not charged, as in the extender (``kube.claims``; None: every claim is).
@@ -47,7 +47,6 @@ async def load(
     Raises:
         errors.ApiError: a list failed.
     """
-    cache = cache if cache is not None else cluster_cache.ClusterCache()
     feed = sync.Sync(
         kube, cache, request_config=request_config, transform=transform, claim_expiry_s=claim_expiry_s
     )

@@ -9,6 +9,7 @@ import pytest
 
 from gpuslice.cache import cache as cache_mod
 from gpuslice.cache import shapes
+from gpuslice.framework import nominations
 from gpuslice.model import allocations, nodes, status
 from gpuslice.model import config as model_config
 from gpuslice.policy import api, quota
@@ -27,7 +28,7 @@ IMMEDIATE = model_config.WorkloadSettings(min_count=1, drift=0.0)
 
 
 def fresh() -> cache_mod.ClusterCache:
-    c = cache_mod.ClusterCache(shapes.ShapeHistogram(IMMEDIATE))
+    c = cache_mod.ClusterCache(shapes.ShapeHistogram(IMMEDIATE), nominator=nominations.Nominator())
     c.upsert_node(node("n").gpus(2, memory=10000).inventory())
     return c
 
@@ -223,7 +224,7 @@ def test_remove_node_keeps_pods_as_orphans_until_it_returns() -> None:
 
 
 def test_pod_before_node_and_unknown_uuid_are_orphans() -> None:
-    c = cache_mod.ClusterCache()
+    c = cache_mod.ClusterCache(nominator=nominations.Nominator())
     c.add_pod(KEY, "u", alloc("n", ((uuid("n", 0), 1000, 10), ("GPU-gone", 5, 0))))
     assert len(c.snapshot().orphans) == 2
     c.upsert_node(node("n").gpus(1, memory=10000).inventory())
@@ -265,7 +266,8 @@ def test_namespace_quota_usage() -> None:
 
 def test_workload_histogram_decays_and_normalises() -> None:
     c = cache_mod.ClusterCache(
-        shapes.ShapeHistogram(model_config.WorkloadSettings(decay=0.5, min_count=1, drift=0.0))
+        shapes.ShapeHistogram(model_config.WorkloadSettings(decay=0.5, min_count=1, drift=0.0)),
+        nominator=nominations.Nominator(),
     )
     assert c.snapshot().workload is None
     small = api.Shape(0, 500, 1)
@@ -290,7 +292,7 @@ def test_histogram_is_bounded() -> None:
 
 def test_concurrent_assumes_never_overlap() -> None:
     # one card of 10000 MiB with 10 slots; 40 threads try to assume 3000 MiB each: exactly 3 succeed
-    c = cache_mod.ClusterCache()
+    c = cache_mod.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("n").gpus(1, memory=10000).inventory())
     barrier = threading.Barrier(40)
     results: list[bool] = []
@@ -352,7 +354,7 @@ def test_reservations_are_card_reservation_sorted(
 
 
 def test_snapshot_counts_cards_per_model_and_follows_inventory_changes() -> None:
-    c = cache_mod.ClusterCache()
+    c = cache_mod.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("a").gpus(4, model="T4").inventory())
     c.upsert_node(node("b").gpus(8, model="G2").inventory())
     assert c.snapshot().capacity == (("G2", 8), ("T4", 4))

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from gpuslice.cache import cache as cache_mod
+from gpuslice.framework import nominations
 from gpuslice.model import nodes, status
 from gpuslice.policy import quota
 from tests.unit.builders import alloc, node, uuid
@@ -23,7 +24,7 @@ QUOTA_EXCEEDED = status.Status(status.Code.UNSCHEDULABLE, (status.QUOTA_EXCEEDED
 
 
 def fresh(limits: quota.QuotaView | None = None) -> cache_mod.ClusterCache:
-    c = cache_mod.ClusterCache()
+    c = cache_mod.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("n").gpus(2, memory=10000).inventory())
     c.upsert_node(node("m").gpus(1, memory=10000).inventory())
     if limits is not None:
@@ -90,7 +91,7 @@ def test_assumed_pod_confirmed_with_inits_done_shrinks() -> None:
 
 def test_flip_keeps_orphans_in_step() -> None:
     # the init container's card B is unknown to the node: an orphan until the release drops it
-    c = cache_mod.ClusterCache()
+    c = cache_mod.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("n").gpus(1, memory=10000).inventory())
     c.add_pod(KEY, "u", INIT)
     assert [o.uuid for o in c.snapshot().orphans] == [B]
@@ -173,7 +174,7 @@ def test_add_pod_never_refuses() -> None:
 
 def test_concurrent_assumes_never_overrun_the_quota() -> None:
     # ample cards (2 x 10000 MiB, 10 slots each); quota 9000 MiB; 40 threads assume 2000 MiB: exactly 4 win
-    c = cache_mod.ClusterCache()
+    c = cache_mod.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("n").gpus(2, memory=10000).inventory())
     c.set_quota("ns", quota.QuotaView(memory_limit=9000))
     barrier = threading.Barrier(40)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from gpuslice.cache import cache as caches
 from gpuslice.cache import snapshot
+from gpuslice.framework import nominations
 from gpuslice.model import nodes
 from tests.unit.builders import alloc, node, uuid
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 
 def fresh() -> caches.ClusterCache:
-    c = caches.ClusterCache()
+    c = caches.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("a").gpus(4).inventory())
     c.upsert_node(node("b").gpus(2).inventory())
     return c
@@ -91,7 +92,7 @@ def plain(index: object) -> dict[str, dict[str, nodes.JobOnNode]]:
 @settings(max_examples=150, deadline=None)
 @given(OPS)
 def test_the_job_index_equals_a_fresh_scan(ops: list[tuple[str, int, str, int, str]]) -> None:
-    c = caches.ClusterCache()
+    c = caches.ClusterCache(nominator=nominations.Nominator())
     for name in NODES:
         c.upsert_node(node(name).gpus(2).inventory())
     kept: list[tuple[snapshot.Snapshot, dict[str, dict[str, nodes.JobOnNode]]]] = []

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gpuslice.cache import cache as cache_mod
+from gpuslice.framework import nominations
 from gpuslice.model import allocations, devices, nodes, status
 from gpuslice.policy import quota
 
@@ -47,7 +48,7 @@ allocs = st.builds(
 class CacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.cache = cache_mod.ClusterCache()
+        self.cache = cache_mod.ClusterCache(nominator=nominations.Nominator())
         self.inv: dict[str, nodes.NodeInventory] = {}
         self.pods: dict[str, tuple[allocations.PodAllocation, cache_mod.PodState, float | None]] = {}
         self.done: dict[str, bool] = {}

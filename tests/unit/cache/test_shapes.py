@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from gpuslice.cache import cache as cache_mod
 from gpuslice.cache import shapes
+from gpuslice.framework import nominations
 from gpuslice.model import config as model_config
 from gpuslice.policy import api
 
@@ -136,7 +137,9 @@ def test_max_shapes_ties_go_to_the_shape_held_longest() -> None:
 
 
 def test_cache_snapshot_carries_the_histogram_snapshot() -> None:
-    c = cache_mod.ClusterCache(shapes.ShapeHistogram(ws(min_count=2, drift=0.3)))
+    c = cache_mod.ClusterCache(
+        shapes.ShapeHistogram(ws(min_count=2, drift=0.3)), nominator=nominations.Nominator()
+    )
     c.observe_request(A)
     assert c.snapshot().workload is None  # one request < min_count
     c.observe_request(A)

@@ -23,7 +23,7 @@ from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.binding import binder as binders
 from gpuslice.extender.binding import failpoints
 from gpuslice.extender.http import app as apps
-from gpuslice.framework import logs, profile, view
+from gpuslice.framework import logs, nominations, profile, view
 from gpuslice.kube import objects
 from gpuslice.model import allocations, nodes
 from tests.unit import builders
@@ -38,13 +38,16 @@ CLOCK = 1_700_000_000.0
 def cluster_cache(
     *registered: nodes.NodeInventory | nodes.NodeState | builders.NodeBuilder,
     histogram: shapes.ShapeHistogram | None = None,
+    nominator: nominations.Nominator | None = None,
 ) -> caches.ClusterCache:
-    """A real cache with these nodes registered (``upsert_node``).
+    """A real cache with these nodes registered (``upsert_node``), on ``nominator`` (a new one by default).
 
     A ``NodeState`` or builder must show no usage: usage comes from pods (``charge``), never from
     a state the cache would not have computed itself.
     """
-    cache = caches.ClusterCache(histogram)
+    cache = caches.ClusterCache(
+        histogram, nominator=nominations.Nominator() if nominator is None else nominator
+    )
     for item in registered:
         if isinstance(item, builders.NodeBuilder):
             item = item.state()

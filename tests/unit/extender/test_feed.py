@@ -11,7 +11,7 @@ from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, registrations
 from gpuslice.extender import config, feed, metrics
 from gpuslice.extender.binding import binder as binders
-from gpuslice.framework import logs
+from gpuslice.framework import logs, nominations
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors as kerrors
 from gpuslice.kube import informer, objects
@@ -51,7 +51,7 @@ class _Recorder:
 
 
 def _feed(settings: config.Settings | None = None) -> tuple[feed.Feed, caches.ClusterCache, _Recorder]:
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(nominator=nominations.Nominator())
     rec = _Recorder()
     kube: Any = object()  # informers are built but never run here
     f = feed.Feed(kube, cache, settings or config.Settings(), logs.Log(0), metrics.Metrics())
@@ -161,7 +161,7 @@ def _claiming(name: str, devices_: str, node: str = "n", bound: bool = True) -> 
 
 
 def _truth_feed(api: _PodList) -> tuple[feed.Feed, caches.ClusterCache, metrics.Metrics]:
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(nominator=nominations.Nominator())
     m = metrics.Metrics()
     f = feed.Feed(cast(kclient.KubeClient, api), cache, config.Settings(), logs.Log(0), m)
     f.sync.nodes.handler(informer.Event(ADDED, _node("n", {keys.NODE_REGISTER: _registration()})))

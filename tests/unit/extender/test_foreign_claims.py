@@ -23,7 +23,7 @@ from gpuslice.codec import locks as lockcodec
 from gpuslice.extender import config, feed, metrics, wire
 from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.http import app as apps
-from gpuslice.framework import logs
+from gpuslice.framework import logs, nominations
 from gpuslice.kube import claims, informer, objects
 from gpuslice.model import allocations, devices, status
 from tests.unit.extender import fakes
@@ -76,7 +76,7 @@ class Setup:
 
     def __init__(self, written: float, settings: config.Settings | None = None, seen: bool = True) -> None:
         self.clock = Clock()
-        self.cache = caches.ClusterCache()
+        self.cache = caches.ClusterCache(nominator=nominations.Nominator())
         self.freed: list[str] = []
         self.feed = feed.Feed(
             object(),  # type: ignore[arg-type]  # informers are built but never run here

@@ -14,7 +14,7 @@ import pytest
 from gpuslice.cache import cache as caches
 from gpuslice.codec import keys, linkreq, resources
 from gpuslice.extender import config, wire
-from gpuslice.framework import cycle, logs, profile, scheduling
+from gpuslice.framework import cycle, logs, nominations, profile, scheduling
 from gpuslice.model import nodes, requests, status
 from tests.unit.builders import alloc, bridged, node, uuid
 
@@ -49,7 +49,7 @@ def _pod(labels: tuple[tuple[str, str], ...] = (), owner: str = "") -> requests.
 
 
 def test_context_carries_the_clock_the_job_and_where_its_pods_are() -> None:
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(nominator=nominations.Nominator())
     for name in ("a", "b"):
         cache.upsert_node(node(name).gpus(2).inventory())
     cache.add_pod("ns/peer", "u1", alloc("b", ((uuid("b", 1), 1000, 0),)), job="label:train")
@@ -63,7 +63,7 @@ def test_context_carries_the_clock_the_job_and_where_its_pods_are() -> None:
 
 
 def test_balanced_filter_and_prioritize_gather_a_job() -> None:
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(nominator=nominations.Nominator())
     for name in ("a", "b"):
         cache.upsert_node(node(name).gpus(2).inventory())
     cache.add_pod("ns/peer", "u1", alloc("b", ((uuid("b", 0), 1000, 0),)), job="owner:u-rs")
@@ -79,7 +79,7 @@ def test_balanced_filter_and_prioritize_gather_a_job() -> None:
 
 
 def test_stale_telemetry_in_the_extender() -> None:
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(nominator=nominations.Nominator())
     for name, temp in (("hot", 85.0), ("cool", 35.0)):
         inv = node(name).gpus(1).telemetry(0, temperature_c=temp).inventory()
         cache.upsert_node(msgspec.structs.replace(inv, telemetry_at=NOW - 600))
@@ -96,7 +96,7 @@ def _linked_node(name: str, pairs: list[tuple[int, int]]) -> nodes.NodeInventory
 
 
 def test_filter_with_a_link_requirement() -> None:
-    cache = caches.ClusterCache()
+    cache = caches.ClusterCache(nominator=nominations.Nominator())
     cache.upsert_node(_linked_node("bridged", [(2, 3)]))
     cache.upsert_node(_linked_node("pcie", []))
     cache.add_pod("ns/x", "ux", alloc("bridged", ((uuid("bridged", 2), 81920, 100),)))

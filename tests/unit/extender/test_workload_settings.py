@@ -14,7 +14,7 @@ from gpuslice.cache import shapes
 from gpuslice.codec import keys, pod_devices, resources
 from gpuslice.extender import config
 from gpuslice.extender.http import app as apps
-from gpuslice.framework import cycle, logs, profile, registry, scheduling, view
+from gpuslice.framework import cycle, logs, nominations, profile, registry, scheduling, view
 from gpuslice.model import config as model_config
 from gpuslice.model import requests
 from gpuslice.policy import api
@@ -31,7 +31,7 @@ def settings_cache(**workload: object) -> caches.ClusterCache:
     """Nodes a (2 cards, card 0 has 20000 MiB taken), b (1 card, 60000 taken), c (4 cards, 0 and 1
     have 40000 taken) and n (3 cards, card 2 has 40000 taken), learning with ``workload`` settings."""
     s = model_config.WorkloadSettings(**workload)  # type: ignore[arg-type]
-    cache = caches.ClusterCache(shapes.ShapeHistogram(s))
+    cache = caches.ClusterCache(shapes.ShapeHistogram(s), nominator=nominations.Nominator())
     for name, cards in (("a", 2), ("b", 1), ("c", 4), ("n", 3)):
         cache.upsert_node(node(name).gpus(cards).host(*HOST).inventory())
     fakes.charge(cache, "x/a", "a", (0, 20000, 30))

@@ -10,6 +10,7 @@ import pytest
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import keys, pod_devices, registrations
 from gpuslice.codec import locks as lockcodec
+from gpuslice.framework import nominations
 from gpuslice.kube import claims, informer, objects, sync
 from gpuslice.model import allocations, devices
 
@@ -166,7 +167,7 @@ def test_the_notes_say_why_and_for_how_long() -> None:
 )
 def test_sync_charges_a_stale_claim_only_without_an_expiry(expiry: float | None, charged: bool) -> None:
     """``gpuslice explain`` and the extender pass the expiry; a ``Sync`` without one charges every claim."""
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     kube: Any = object()  # informers are built but never run here
     s = sync.Sync(kube, cache, claim_expiry_s=expiry, clock=lambda: NOW)
     card = devices.GpuDevice(uuid="GPU-a", index=0, type="NVIDIA A100", memory_mib=40960)

@@ -12,6 +12,7 @@ from gpuslice.cache import cache as cluster_cache
 from gpuslice.cache import shapes
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import keys, pod_devices, registrations, resources
+from gpuslice.framework import nominations
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, objects, sync
 from gpuslice.model import allocations
@@ -62,7 +63,7 @@ def pod_obj(
 def setup() -> Iterator[tuple[sync.Sync, cluster_cache.ClusterCache]]:
     config = KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t")).get()
     assert config is not None
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     s = sync.Sync(kclient.KubeClient(config), cache)
     s.on_node(informer.Event(E.ADDED, node_obj(ALLOCATABLE)))
     yield s, cache
@@ -199,7 +200,9 @@ def test_a_pending_pod_with_an_absurd_request_never_enters_the_workload() -> Non
     config = KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t")).get()
     assert config is not None
     hist = shapes.ShapeHistogram()
-    s = sync.Sync(kclient.KubeClient(config), cluster_cache.ClusterCache(hist))
+    s = sync.Sync(
+        kclient.KubeClient(config), cluster_cache.ClusterCache(hist, nominator=nominations.Nominator())
+    )
     for name, cpu in (("absurd-cpu", "1e30"), ("absurd-total", f"{2**39 // 1000 + 1}"), ("sane", "4")):
         apps = [container("a", cpu, None), container("b", cpu, None)]  # two: the total is checked too
         s.on_pod(informer.Event(E.ADDED, pod_obj(name, "", apps, phase="Pending")))

@@ -13,7 +13,7 @@ from lightkube.config.models import Cluster, User
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import keys, pod_devices, registrations
 from gpuslice.extender import config, feed, metrics
-from gpuslice.framework import logs
+from gpuslice.framework import logs, nominations
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, kinds, objects, sync
 from gpuslice.model import allocations, nodes
@@ -144,7 +144,7 @@ RUNNING = objects.ContainerStatus("init", objects.ContainerState(None))
 def setup() -> Iterator[tuple[sync.Sync, cluster_cache.ClusterCache]]:
     config = KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t")).get()
     assert config is not None
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     cache.set_quota("ns", quota.QuotaView(memory_limit=100_000))
     s = sync.Sync(kclient.KubeClient(config), cache)
     register = {keys.NODE_REGISTER: registrations.encode_json(CARDS)}
@@ -197,7 +197,7 @@ def test_a_restart_charges_a_pod_past_its_inits_with_the_app_only(
 
 
 def test_feed_nudges_the_node_once_when_the_init_peak_is_released() -> None:
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     kube: Any = object()  # informers are built but never run here
     f = feed.Feed(kube, cache, config.Settings(), logs.Log(0), metrics.Metrics())
     freed: list[str] = []

@@ -10,6 +10,7 @@ from lightkube.config.models import Cluster, User
 
 from gpuslice.cache import cache as cluster_cache
 from gpuslice.codec import keys, pod_devices, registrations
+from gpuslice.framework import nominations
 from gpuslice.kube import client as kclient
 from gpuslice.kube import informer, objects, sync
 from gpuslice.model import allocations, nodes, status
@@ -45,7 +46,7 @@ PLACED = pod_devices.bind_annotations(ALLOC, 1_800_000_000.0)
 def setup() -> Iterator[tuple[sync.Sync, cluster_cache.ClusterCache, list[tuple[str, str]]]]:
     config = KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t")).get()
     assert config is not None
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
     invalid: list[tuple[str, str]] = []
     s = sync.Sync(kclient.KubeClient(config), cache, on_invalid=lambda n, r: invalid.append((n, r)))
     s.on_node(informer.Event(E.ADDED, node_obj({keys.NODE_REGISTER: REGISTER})))
@@ -128,7 +129,7 @@ def test_invalid_registration_excludes_only_that_node_and_reports_once(
 def test_transform_applies_to_every_inventory() -> None:
     config = KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t")).get()
     assert config is not None
-    cache = cluster_cache.ClusterCache()
+    cache = cluster_cache.ClusterCache(nominator=nominations.Nominator())
 
     def halve(inv: nodes.NodeInventory) -> nodes.NodeInventory:
         return nodes.NodeInventory(name=inv.name, devices=inv.devices[:1])

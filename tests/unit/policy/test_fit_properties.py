@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslice.cache import cache as cache_mod
-from gpuslice.framework import registry
+from gpuslice.framework import nominations, registry
 from gpuslice.model import allocations, devices, nodes, requests
 from gpuslice.policy import fit
 from tests.unit.policy import strategies
@@ -49,7 +49,7 @@ def test_place_release_sequences(
 ) -> None:
     state = start
     live: list[tuple[str, allocations.PodAllocation]] = []
-    c = cache_mod.ClusterCache()
+    c = cache_mod.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(start.inventory)
     # the starting usage is one pre-existing pod per used card (so the cache starts equal)
     for i, (d, u) in enumerate(zip(start.inventory.devices, start.usage, strict=True)):

@@ -36,7 +36,7 @@ import pytest
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import errors, keys, resources
-from gpuslice.framework import profile, registry
+from gpuslice.framework import nominations, profile, registry
 from gpuslice.kube import objects
 from gpuslice.model import allocations, devices, nodes, requests, status, topology
 from gpuslice.model import config as model_config
@@ -1128,7 +1128,7 @@ def test_quota_add_and_delete() -> None:
     # quota_test.go TestAddQuotaAndDelQuota, and TestFitQuota "Should fit if namespace not present"
     q = resources.parse_quota({"limits.nvidia.com/gpumem": "100", "limits.nvidia.com/gpucores": "10"})
     assert (q.memory_mib, q.cores, q.count) == (100, 10, None)
-    c = caches.ClusterCache()
+    c = caches.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("n").gpus(1).inventory())
     c.set_quota("testns", quotas.QuotaView(memory_limit=q.memory_mib, cores_limit=q.cores))
     view = c.snapshot().quota("testns")
@@ -1140,7 +1140,7 @@ def test_quota_add_and_delete() -> None:
 
 def test_quota_usage_add_remove_never_underflows() -> None:
     # quota_test.go TestAddUsageAndRmUsage and TestRmUsageDoesNotUnderflow
-    c = caches.ClusterCache()
+    c = caches.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("n").card(uuid_="GPU0").inventory())
     c.set_quota("testns", quotas.QuotaView(memory_limit=10**6))
     c.add_pod("testns/p", "u", alloc("n", (("GPU0", 1000, 100),)))
@@ -1216,7 +1216,7 @@ def test_card_reservation(case: UsageCase) -> None:
 
 def test_init_container_usage_lifecycle() -> None:
     # initcontainer_usage_test.go TestInitContainerUsageLifecycle: init 20 and app 10 on uuid1
-    c = caches.ClusterCache()
+    c = caches.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("node1").card(uuid_="uuid1").inventory())
     c.set_quota("default", quotas.QuotaView(memory_limit=24))
     a = alloc("node1", (("uuid1", 20, 0),), (("uuid1", 10, 0),), init_count=1)
@@ -1269,7 +1269,7 @@ def test_init_containers_all_succeeded(
 
 def test_cordoned_card_keeps_its_running_pods() -> None:
     # device_test.go TestFit_DeviceCordon "running pods on a cordoned device are unaffected"
-    c = caches.ClusterCache()
+    c = caches.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("n").card(uuid_="dev-0").card(uuid_="dev-1").cordon(1).inventory())
     c.add_pod("default/p", "u", alloc("n", (("dev-1", 64, 50),)))
     assert c.snapshot().nodes["n"].usage[1] == nodes.CardUsage(1, 64, 50)
@@ -1278,7 +1278,7 @@ def test_cordoned_card_keeps_its_running_pods() -> None:
 def test_shared_card_capacity_is_released_on_delete() -> None:
     # policy e2e "shares one GPU across pods and releases capacity on delete", on a card with room
     # for two 30 % / 30-core pods at a time (memory 60 of 100)
-    c = caches.ClusterCache()
+    c = caches.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("n").card(uuid_="g0", memory=10000, cores=60).inventory())
     req = parsed(gpu(1, pct=30, cores=30))
     policy = registry.card_policy("binpack")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gpuslice.cache import cache as caches
 from gpuslice.codec import errors, keys, resources
-from gpuslice.framework import registry
+from gpuslice.framework import nominations, registry
 from gpuslice.model import allocations, nodes, requests, status, topology
 from gpuslice.policy import api, chains, fit, quota
 from tests.unit.builders import alloc, node, pod, uuid
@@ -201,7 +201,7 @@ def test_core_scaled_card_co_locates_two_100_core_pods() -> None:
     state = node("n").gpus(1, cores=200).used(0, memory=1000, cores=100).state()
     got = fit.place(state, pod().gpu(1, memory=1000, cores=100).obj(), registry.get("spread"))
     assert got.status.ok
-    c = caches.ClusterCache()
+    c = caches.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("n").gpus(1, cores=200).inventory())
     first = alloc("n", ((uuid("n", 0), 1000, 100),))
     second = alloc("n", ((uuid("n", 0), 1000, 100),))
@@ -215,7 +215,7 @@ def test_unscaled_card_keeps_100_cores_exclusive_in_fit_and_cache() -> None:
     state = node("n").gpus(1).used(0, memory=1000, cores=0).state()
     got = fit.place(state, pod().gpu(1, memory=1000, cores=100).obj(), registry.get("spread"))
     assert got.status == status.Status(U, (status.EXCLUSIVE_CONFLICT,))
-    c = caches.ClusterCache()
+    c = caches.ClusterCache(nominator=nominations.Nominator())
     c.upsert_node(node("n").gpus(1).inventory())
     assert c.assume("default/a", "a", alloc("n", ((uuid("n", 0), 1000, 0),)), 0.0).ok
     verdict = c.assume("default/b", "b", alloc("n", ((uuid("n", 0), 1000, 100),)), 0.0)

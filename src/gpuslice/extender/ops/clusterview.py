@@ -3,7 +3,7 @@
 Read-only, from what the extender holds already: the cache's snapshot (nodes, cards, usage,
 cordoned and unhealthy cards), the pods charged on each card (``ClusterCache.holders``), the nodes
 the extender will not place on now and why (``Deps.excluded``, e.g. ``NodeLockHeld``), the nodes
-whose registration does not decode, the capacity held for preemptors (``ClusterCache.nominations``),
+whose registration does not decode, the capacity held for preemptors (the cache's ``nominator``),
 the pending GPU pods (``Deps.pending``) with ``explain``'s per-card explanation and, with
 ``--shadow-policy``, the shadow-mode comparison (``Shadow.summary``). Nothing here makes an API call.
 
@@ -39,9 +39,9 @@ from gpuslice.cache import cache as caches
 from gpuslice.extender import holdings
 from gpuslice.extender.ops import shadow as shadows
 from gpuslice.framework import explain as explains
+from gpuslice.framework import nominations, view
 from gpuslice.framework import pending as pendings
 from gpuslice.framework import profile as profiles
-from gpuslice.framework import view
 from gpuslice.model import allocations, nodes, status
 from gpuslice.policy import fragmentation, shares
 
@@ -172,15 +172,16 @@ class Holders(Protocol):
 
 
 @runtime_checkable
-class Nominations(Protocol):
-    """A cache that holds cards for preemptors (``cache.ClusterCache`` does)."""
+class Nominated(Protocol):
+    """A cache that applies preemptors' nominations (``cache.ClusterCache`` does)."""
 
-    def nominations(self) -> tuple[caches.Nomination, ...]:
-        """Every nominated reservation."""
+    @property
+    def nominator(self) -> object:
+        """Its nominator (``framework.nominations.Nominator`` is read)."""
         ...
 
 
-def held_cards(noms: Sequence[caches.Nomination]) -> dict[str, list[PodOnCard]]:
+def held_cards(noms: Sequence[nominations.Nomination]) -> dict[str, list[PodOnCard]]:
     """Card UUID -> the capacity held there for preemptors (unclaimed nominations only).
 
     A claimed nomination's pod is being bound: the cache charges it as an assumed pod instead.
@@ -374,7 +375,8 @@ class ClusterView:
         holders_status = UNAVAILABLE
         if isinstance(cache, Holders):
             held, holders_status = cache.holders(), ON
-        reserved = held_cards(cache.nominations()) if isinstance(cache, Nominations) else {}
+        noms = cache.nominator if isinstance(cache, Nominated) else None
+        reserved = held_cards(noms.nominations()) if isinstance(noms, nominations.Nominator) else {}
         measure = self._measure_for(snap)
         excluded = dict(src.excluded)
         out = []
