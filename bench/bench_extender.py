@@ -164,7 +164,7 @@ def serve_memory(port: int, pods: int, seed: int, node_policy: str, node_choice:
     flow = binds.BindFlow(
         cache=cache,
         binder=_NoBinder(),
-        policies=policies,
+        profile=policies,
         request_config=settings.request_config,
         clock=time.time,
         log=log,
@@ -184,7 +184,7 @@ def serve_memory(port: int, pods: int, seed: int, node_policy: str, node_choice:
         settings=settings,
         cache=cache,
         flow=flow,
-        policies=policies,
+        profile=policies,
         log=log,
         metrics=m,
         events=binds.NoEvents(),

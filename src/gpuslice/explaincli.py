@@ -128,10 +128,10 @@ async def from_cluster(
     )
     for node in live.nodes:
         health.observe(node, False, time.time(), time.monotonic())
-    policies = profiles.Profile.from_settings(settings, clock=time.time)  # as the extender judges
+    profile = profiles.Profile.from_settings(settings, clock=time.time)  # as the extender judges
     held = holdings.held(live.cache, f"{namespace}/{name}", request.uid)  # a bound pod: its own cards free
     snap = live.cache.snapshot()
-    return explain.explain(snap, request, policies, live.invalid_nodes, health.excluded, held=held)
+    return explain.explain(snap, request, profile, live.invalid_nodes, health.excluded, held=held)
 
 
 def main(args: argparse.Namespace) -> int:

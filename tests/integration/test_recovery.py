@@ -61,7 +61,7 @@ async def stack(kube: kclient.KubeClient) -> AsyncIterator[tuple[feed.Feed, reco
     flow = bind.BindFlow(
         cache=cache,
         binder=binder.KubeBinder(kube),
-        policies=profile.Profile.build("binpack", "spread"),
+        profile=profile.Profile.build("binpack", "spread"),
         request_config=SETTINGS.request_config,
         clock=time.time,
         log=log,

@@ -155,7 +155,7 @@ def test_pending_pods_carry_explains_per_card_explanation_and_shadow_off_says_of
     assert (entry.pod, entry.filter_summary, entry.nodes_more) == ("team/big", "0/3 nodes feasible", 0)
     assert entry.explanation is not None
     doc = explains.decode(bytes(entry.explanation))
-    full = explains.explain(deps.cache.snapshot(), big, deps.policies, deps.invalid_nodes, deps.excluded)
+    full = explains.explain(deps.cache.snapshot(), big, deps.profile, deps.invalid_nodes, deps.excluded)
     assert (doc.summary, doc.change, sorted(doc.nodes, key=lambda n: n.name)) == (
         full.summary,
         full.change,

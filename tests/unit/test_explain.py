@@ -467,7 +467,7 @@ def test_filter_notes_a_pod_nothing_fits_and_the_route_explains_it(
     assert r.status_code == 200
     doc = explain.decode(r.content)
     assert doc.change == "needs 8000 MiB per card, largest free is 6000 MiB on gpu-3 card 2"
-    expected = explain.explain(deps.cache.snapshot(), entry.request, deps.policies)
+    expected = explain.explain(deps.cache.snapshot(), entry.request, deps.profile)
     assert doc == expected
     small = fakes.gpu_pod("big", mem=1000, namespace="team", uid="u-big")
     r = client.post("/filter", json={"Pod": small, "Nodes": None, "NodeNames": ["gpu-3"]})

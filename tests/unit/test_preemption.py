@@ -45,7 +45,7 @@ class World:
         self.pre = preemption.Preemption(
             None,
             self.cache,
-            self.deps.policies,
+            self.deps.profile,
             self.deps.events,
             self.deps.metrics,
             self.deps.log,

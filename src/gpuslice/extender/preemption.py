@@ -115,7 +115,7 @@ class Preemption:
     Args:
         kube: API client (evictions, budgets, the pods of a node).
         cache: the cluster cache.
-        policies: the card policies (the same fit as filter and bind).
+        profile: the scheduling profile (the same fit as filter and bind).
         events: where events go.
         metrics_: preemption and eviction counters.
         log: logger.
@@ -134,7 +134,7 @@ class Preemption:
         self,
         kube: kclient.KubeClient | None,
         cache: Cache,
-        policies: profiles.Profile,
+        profile: profiles.Profile,
         events: binds.Events,
         metrics_: metrics.Metrics,
         log: logs.Log,
@@ -149,7 +149,7 @@ class Preemption:
     ) -> None:
         self.kube = kube
         self.cache = cache
-        self.policies = policies
+        self.profile = profile
         self.events = events
         self.metrics = metrics_
         self.log = log
@@ -247,7 +247,7 @@ class Preemption:
         labelled: dict[str, list[victims.Resident]] | None = None,
     ) -> list[victims.Candidate]:
         """The candidates on ``nodes``, best first (``labelled``: residents read from the API)."""
-        cyc = cycles.Cycle.of(self.policies, snap, pod)
+        cyc = cycles.Cycle.of(self.profile, snap, pod)
         found = []
         for name in nodes:
             state = cyc.state(name)

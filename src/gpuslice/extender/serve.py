@@ -105,7 +105,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     nominator = nominations.Nominator()  # preemption's held cards, applied by the cache
     cache = caches.ClusterCache(shapes.ShapeHistogram(settings.workload), nominator=nominator)
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
-    policies = profiles.Profile.from_settings(settings, clock=time.time)
+    profile = profiles.Profile.from_settings(settings, clock=time.time)
     instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
     recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
     events: binds.Events = recorder if recorder is not None else binds.NoEvents()
@@ -116,7 +116,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         binder=binders.KubeBinder(
             kube, settings.node_lock_expiry_s, cached_node=source.node, label_pods=settings.label_pods
         ),
-        policies=policies,
+        profile=profile,
         request_config=settings.request_config,
         clock=time.time,
         log=log,
@@ -137,7 +137,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     locks = lockview.LockView(  # what the lock margin reads (docs/node-choice.md)
         source.health.lock_values, source.pod, flow.in_flight, time.time, settings.node_lock_expiry_s
     )
-    shadow = shadows.build(settings, policies, m, cache)  # None unless --shadow-policy
+    shadow = shadows.build(settings, profile, m, cache)  # None unless --shadow-policy
     limits = recovery.Limits(
         settings.orphan_grace_s, settings.allocate_timeout_s, settings.node_lock_expiry_s
     )
@@ -149,7 +149,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         preempting = preemptions.Preemption(
             kube,
             cache,
-            policies,
+            profile,
             events,
             m,
             log,
@@ -201,7 +201,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         settings=settings,
         cache=cache,
         flow=flow,
-        policies=policies,
+        profile=profile,
         log=log,
         metrics=m,
         events=events,

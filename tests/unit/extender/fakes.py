@@ -401,7 +401,7 @@ def make_deps(
     flow = binds.BindFlow(
         cache=cache,
         binder=binder,
-        policies=policies,
+        profile=policies,
         request_config=settings.request_config,
         clock=clock,
         log=log,
@@ -424,7 +424,7 @@ def make_deps(
         settings=settings,
         cache=cache,
         flow=flow,
-        policies=policies,
+        profile=policies,
         log=log,
         metrics=m,
         events=events,

@@ -58,7 +58,7 @@ def env(tmp_path: Path) -> Iterator[Env]:
     settings = config.Settings(shadow_policies="spread,binpack", shadow_record=str(tmp_path / "rec.jsonl"))
     binder = fakes.FakeBinder()
     deps = fakes.make_deps(cache, binder, settings)
-    sh = shadow.build(settings, deps.policies, deps.metrics, cache)
+    sh = shadow.build(settings, deps.profile, deps.metrics, cache)
     assert sh is not None
     deps.shadow = sh
     deps.flow.on_bound.add(sh.bound)
@@ -196,7 +196,7 @@ def test_pod_overrides_do_not_steer_the_shadow(env: Env) -> None:
 def test_shadow_off_costs_nothing_and_says_so() -> None:
     cache = _cache()
     deps = fakes.make_deps(cache, fakes.FakeBinder())
-    assert shadow.build(deps.settings, deps.policies, deps.metrics, cache) is None
+    assert shadow.build(deps.settings, deps.profile, deps.metrics, cache) is None
     with TestClient(apps.create_app(deps)) as c:
         assert c.get("/shadow").json() == {"enabled": False}
         assert c.get("/shadow/decisions").status_code == 404
@@ -238,7 +238,7 @@ def test_learning_shadow_records_its_workload_and_replays_alike(tmp_path: Path) 
     cache = _cache(shapes.ShapeHistogram(settings.workload))
     binder = fakes.FakeBinder()
     deps = fakes.make_deps(cache, binder, settings)
-    sh = shadow.build(settings, deps.policies, deps.metrics, cache)
+    sh = shadow.build(settings, deps.profile, deps.metrics, cache)
     assert sh is not None
     deps.shadow = sh
     deps.flow.on_bound.add(sh.bound)

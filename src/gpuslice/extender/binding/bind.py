@@ -258,7 +258,7 @@ class BindFlow:
 
     cache: view.Cache
     binder: binders.Binder
-    policies: profiles.Profile
+    profile: profiles.Profile
     request_config: model_config.RequestConfig
     clock: Callable[[], float]
     log: logs.Log
@@ -541,7 +541,7 @@ class BindFlow:
         reason = self._excluded(node, locked)
         if reason is not None:
             return Outcome(Result.REJECTED, f"node {node}: {reason}")
-        cyc = cycles.Cycle.of(self.policies, self.cache.snapshot(), pod)
+        cyc = cycles.Cycle.of(self.profile, self.cache.snapshot(), pod)
         state = cyc.state(node)
         if state is None:
             return Outcome(Result.REJECTED, f"node {node}: {view.node_problem(node, self.invalid_nodes)}")
@@ -551,7 +551,7 @@ class BindFlow:
                 Result.NO_FIT, f"pod no longer fits node {node}: {','.join(placement.status.reasons)}"
             )
         alloc = placement.allocation
-        verdict = self.cache.assume(key, uid, alloc, self.clock(), pod.job(self.policies.job_label))
+        verdict = self.cache.assume(key, uid, alloc, self.clock(), pod.job(self.profile.job_label))
         if verdict.reasons == (status.ALREADY_CACHED,):
             # Already in the cache: confirmed by the watch, or another bind of it is in flight.
             return Outcome(Result.HELD, f"pod {key} already holds an allocation")
@@ -586,7 +586,7 @@ class BindFlow:
             # The node died (or stopped answering Allocate) while the bind queued for its lock.
             return Outcome(Result.REJECTED, f"node {job.node}: {reason}")
         verdict = self.cache.assume(
-            job.key, job.uid, job.alloc, self.clock(), job.pod.job(self.policies.job_label)
+            job.key, job.uid, job.alloc, self.clock(), job.pod.job(self.profile.job_label)
         )
         if verdict.ok:
             return None

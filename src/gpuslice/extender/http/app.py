@@ -96,7 +96,7 @@ class Deps:
     settings: config.Settings
     cache: view.Cache
     flow: binds.BindFlow
-    policies: profiles.Profile
+    profile: profiles.Profile
     log: logs.Log
     metrics: metrics.Metrics
     events: binds.Events
@@ -468,7 +468,7 @@ class Handlers:
         if pod.wants_gpu and pod.uid not in self._seen:
             self._seen.put(pod.uid, True)
             self._workload.add(scheduling.shape(snap, pod, names))
-            for problem in deps.policies.ignored(pod):  # HAMi ignores such overrides; say so once
+            for problem in deps.profile.ignored(pod):  # HAMi ignores such overrides; say so once
                 deps.events.record(
                     meta.namespace, meta.name, meta.uid, "Warning", "PolicyIgnored", "Filter", problem
                 )
@@ -478,7 +478,7 @@ class Handlers:
         if claim is not None:  # the pod waits for the claim; preemption cannot help: unresolvable
             outcome = scheduling.reject_all(names, status.FOREIGN_CLAIM_HELD)
         else:
-            cyc = cycles.Cycle.of(deps.policies, snap, pod)
+            cyc = cycles.Cycle.of(deps.profile, snap, pod)
             outcome = scheduling.filter_nodes(cyc, names, self.log, deps.invalid_nodes, deps.excluded, busy)
         feasible_json = wire.ENCODER.encode(outcome.feasible)
         if pod.uid and outcome.scores is not None and outcome.feasible:
@@ -530,7 +530,7 @@ class Handlers:
         flow.remember(pod)
         if (
             done.busy is not _NOTHING_BUSY
-            and self.deps.policies.extender_decides
+            and self.deps.profile.extender_decides
             and len(outcome.feasible) == 1
         ):
             flow.claim(_key(pod), outcome.feasible[0])  # taken until its bind arrives
@@ -571,7 +571,7 @@ class Handlers:
         ``_NOTHING_BUSY`` itself when it is off (margin 0, no lock view, a pod without GPUs).
         """
         locks = self.deps.locks
-        if locks is None or not pod.wants_gpu or not self.deps.policies.lock_margin > 0:
+        if locks is None or not pod.wants_gpu or not self.deps.profile.lock_margin > 0:
             return _NOTHING_BUSY
         return locks(_key(pod))
 
@@ -618,8 +618,8 @@ class Handlers:
         if isinstance(pod, status.Status):
             scores = np.zeros(len(names), np.int64)
         else:
-            ranks = deps.policies.ranks and pod.wants_gpu
-            cyc = cycles.Cycle.of(deps.policies, deps.cache.snapshot(), pod)
+            ranks = deps.profile.ranks and pod.wants_gpu
+            cyc = cycles.Cycle.of(deps.profile, deps.cache.snapshot(), pod)
             if filtered is None:
                 scores = scheduling.score_nodes(cyc, names, self.log)
             else:
@@ -628,7 +628,7 @@ class Handlers:
             scores = cyc.stepped(scores)
             busy = self._busy(pod)
             if busy:
-                keyed = scheduling.lock_aware(names, scores, busy, deps.policies)
+                keyed = scheduling.lock_aware(names, scores, busy, deps.profile)
                 if keyed is not scores and next(batch.best_first(names, keyed)) != next(
                     batch.best_first(names, scores)
                 ):
@@ -666,7 +666,7 @@ class Handlers:
         if isinstance(pod, status.Status):
             kept = preempt.keep_nonempty(victims)
         else:
-            kept = preempt.narrow(self.deps.cache.snapshot(), pod, victims, self.deps.policies)
+            kept = preempt.narrow(self.deps.cache.snapshot(), pod, victims, self.deps.profile)
         return wire.ENCODER.encode(wire.ExtenderPreemptionResult(kept))
 
     async def healthz(self, request: Request) -> Response:
@@ -719,7 +719,7 @@ class Handlers:
             return PlainTextResponse(f"pod {arg}: invalid GPU request: {pod.message}", status_code=422)
         held = holdings.held(deps.cache, arg, pod.uid)
         snap = deps.cache.snapshot()
-        doc = explains.explain(snap, pod, deps.policies, deps.invalid_nodes, deps.excluded, held=held)
+        doc = explains.explain(snap, pod, deps.profile, deps.invalid_nodes, deps.excluded, held=held)
         return Response(explains.encode(doc), media_type=JSON)
 
 

@@ -229,8 +229,8 @@ class Source(Protocol):
         ...
 
     @property
-    def policies(self) -> profiles.Profile:
-        """The extender's policies (``explain`` judges cards with them)."""
+    def profile(self) -> profiles.Profile:
+        """The extender's profile (``explain`` judges cards with it)."""
         ...
 
 
@@ -259,7 +259,7 @@ def explained(snap: view.Snapshot, source: Source, entry: pendings.Pending) -> P
     """``explain.explain`` of one pending pod, as the filter would judge it on ``snap``."""
     excluded = dict(source.excluded)
     held = holdings.held(source.cache, entry.key, entry.request.uid)  # a pod bound since it was noted
-    doc = explains.explain(snap, entry.request, source.policies, source.invalid_nodes, excluded, held=held)
+    doc = explains.explain(snap, entry.request, source.profile, source.invalid_nodes, excluded, held=held)
     kept = sorted(doc.nodes, key=lambda n: _closest(n, excluded))[:MAX_EXPLAINED_NODES]
     return Pending(
         pod=entry.key,

@@ -163,7 +163,7 @@ class Shadow:
     """Shadow policies beside the live one: the filter and bind hooks, the record, the summary.
 
     Args:
-        policies: the live policies (the shadows share their built instances and settings).
+        profile: the live profile (the shadows share its built policies and settings).
         names: the shadow policies (registered names).
         m: the extender's metrics.
         record: a JSON-lines file the records are appended to ('' for none).
@@ -175,7 +175,7 @@ class Shadow:
 
     def __init__(
         self,
-        policies: profiles.Profile,
+        profile: profiles.Profile,
         names: Sequence[str],
         m: extender_metrics.Metrics,
         record: str = "",
@@ -183,11 +183,11 @@ class Shadow:
         clock: Callable[[], float] = time.time,
         snapshot: Callable[[], view.Snapshot] | None = None,
     ) -> None:
-        self.live = policies
+        self.live = profile
         self._snapshot = snapshot
         self.names = tuple(names)
         self.shadows = {
-            name: dataclasses.replace(policies, node_default=name, card_default=name) for name in self.names
+            name: dataclasses.replace(profile, node_default=name, card_default=name) for name in self.names
         }
         self.metrics = m
         self.path = record
@@ -421,7 +421,7 @@ class Shadow:
 
 def build(
     settings: config.Settings,
-    policies: profiles.Profile,
+    profile: profiles.Profile,
     m: extender_metrics.Metrics,
     cache: caches.ClusterCache,
 ) -> Shadow | None:
@@ -433,7 +433,7 @@ def build(
     if not settings.shadow_names:
         return None
     return Shadow(
-        policies,
+        profile,
         settings.shadow_names,
         m,
         settings.shadow_record,
