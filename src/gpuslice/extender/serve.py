@@ -214,6 +214,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         excluded=source.health.excluded,
         shadow=shadow,
         preemption=preempting,
+        nominator=nominator,
         locks=locks.busy,
         pending=pendings.PendingPods(clock=time.time, alive=_pending_alive(source)),
         read_pod=_pod_reader(source, kube),

@@ -423,6 +423,7 @@ def make_deps(
     return apps.Deps(
         settings=settings,
         cache=cache,
+        nominator=cache.nominator if isinstance(cache.nominator, nominations.Nominator) else None,
         flow=flow,
         profile=policies,
         log=log,

@@ -40,6 +40,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from gpuslice.cache import cache as caches
 from gpuslice.extender import config, holdings, listeners, metrics, parsing, tasks, wire
 from gpuslice.extender import preemption as preemptions
 from gpuslice.extender.binding import bind as binds
@@ -48,7 +49,7 @@ from gpuslice.extender.ops import clusterview
 from gpuslice.extender.ops import shadow as shadows
 from gpuslice.framework import cycle as cycles
 from gpuslice.framework import explain as explains
-from gpuslice.framework import logs, memo, scheduling, view
+from gpuslice.framework import logs, memo, nominations, scheduling, view
 from gpuslice.framework import pending as pendings
 from gpuslice.framework import profile as profiles
 from gpuslice.kube import claims, objects
@@ -94,7 +95,7 @@ class Deps:
     """
 
     settings: config.Settings
-    cache: view.Cache
+    cache: caches.ClusterCache
     flow: binds.BindFlow
     profile: profiles.Profile
     log: logs.Log
@@ -125,6 +126,8 @@ class Deps:
     """Shadow mode (``--shadow-policy``): told what each filter judged; None when off."""
     preemption: preemptions.Preemption | None = None
     """GPU-aware preemption (``extender.preemption``): told of GPU pods no node fits; None when off."""
+    nominator: nominations.Nominator | None = None
+    """The preemptors' nominations the cache applies (shown by the cluster view); None: not shown."""
     locks: Callable[[str], Collection[str]] | None = None
     """Pod ``namespace/name`` -> the nodes whose HAMi lock it would find busy
     (``lockview.LockView.busy``), for the lock margin; None: no lock state (the margin has no effect)."""

@@ -3,7 +3,7 @@
 Read-only, from what the extender holds already: the cache's snapshot (nodes, cards, usage,
 cordoned and unhealthy cards), the pods charged on each card (``ClusterCache.holders``), the nodes
 the extender will not place on now and why (``Deps.excluded``, e.g. ``NodeLockHeld``), the nodes
-whose registration does not decode, the capacity held for preemptors (the cache's ``nominator``),
+whose registration does not decode, the capacity held for preemptors (``Deps.nominator``),
 the pending GPU pods (``Deps.pending``) with ``explain``'s per-card explanation and, with
 ``--shadow-policy``, the shadow-mode comparison (``Shadow.summary``). Nothing here makes an API call.
 
@@ -27,7 +27,7 @@ import functools
 import importlib.resources
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
@@ -162,25 +162,6 @@ class State(msgspec.Struct, frozen=True, kw_only=True):
     shadow: msgspec.Raw | None = None
 
 
-@runtime_checkable
-class Holders(Protocol):
-    """A cache that lists the pods charged per card (``cache.ClusterCache`` does)."""
-
-    def holders(self) -> Mapping[str, tuple[caches.Holder, ...]]:
-        """Card UUID -> pods charged on it."""
-        ...
-
-
-@runtime_checkable
-class Nominated(Protocol):
-    """A cache that applies preemptors' nominations (``cache.ClusterCache`` does)."""
-
-    @property
-    def nominator(self) -> object:
-        """Its nominator (``framework.nominations.Nominator`` is read)."""
-        ...
-
-
 def held_cards(noms: Sequence[nominations.Nomination]) -> dict[str, list[PodOnCard]]:
     """Card UUID -> the capacity held there for preemptors (unclaimed nominations only).
 
@@ -199,8 +180,13 @@ class Source(Protocol):
     """What the view reads (``app.Deps`` has these attributes)."""
 
     @property
-    def cache(self) -> view.Cache:
-        """The extender's cache."""
+    def cache(self) -> caches.ClusterCache:
+        """The extender's cache (the view reads its pods per card too)."""
+        ...
+
+    @property
+    def nominator(self) -> nominations.Nominator | None:
+        """The preemptors' nominations the cache applies (None: not shown)."""
         ...
 
     @property
@@ -371,12 +357,9 @@ class ClusterView:
         src = self._source
         snap = src.cache.snapshot()
         cache = src.cache
-        held: Mapping[str, tuple[caches.Holder, ...]] = {}
-        holders_status = UNAVAILABLE
-        if isinstance(cache, Holders):
-            held, holders_status = cache.holders(), ON
-        noms = cache.nominator if isinstance(cache, Nominated) else None
-        reserved = held_cards(noms.nominations()) if isinstance(noms, nominations.Nominator) else {}
+        held, holders_status = cache.holders(), ON
+        noms = src.nominator
+        reserved = {} if noms is None else held_cards(noms.nominations())
         measure = self._measure_for(snap)
         excluded = dict(src.excluded)
         out = []
@@ -402,7 +385,7 @@ class ClusterView:
             )
         pending_status, pending, more = self._pending(snap)
         shadow_status, shadow = self._shadow()
-        orphans = getattr(snap, "orphans", ())
+        orphans = snap.orphans
         return State(
             generation=snap.generation,
             synced=src.synced(),
