@@ -68,6 +68,7 @@ async def stack(kube: kclient.KubeClient) -> AsyncIterator[tuple[feed.Feed, reco
         metrics=m,
         events=events,
         truth=source,
+        foreign_claims=source,
         # The sweeper only asks the flow which binds are live here; no bind runs, no gate is needed.
         leading=lambda: True,
         synced=lambda: True,

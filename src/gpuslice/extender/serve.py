@@ -123,6 +123,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         metrics=m,
         events=events,
         truth=source,
+        foreign_claims=source,
         leading=lead.is_leading,
         synced=source.ready,
         excluded=source.health.excluded,

@@ -408,6 +408,7 @@ def make_deps(
         metrics=m,
         events=events,
         truth=truth or binds.Trusting(),
+        foreign_claims=truth if isinstance(truth, binds.ClaimSource) else None,
         leading=leading,
         synced=synced,
         excluded=excluded_nodes,

@@ -287,7 +287,7 @@ class BindFlow:
     )
     """Told of every GPU pod this flow bound (pod, node, cards), after the fact (shadow mode)."""
     foreign_claims: ClaimSource | None = None
-    """Judges other schedulers' claims on pods; None: ``truth`` when it does (the feed), else none."""
+    """Judges other schedulers' claims on pods (the feed, in ``serve.build``); None: no other scheduler."""
     _pods: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*PODS_MEMO, requests.footprint))
     _scores: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*SMALL_MEMO, memo.strings))
     _filters: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*SMALL_MEMO, memo.strings))
@@ -301,8 +301,6 @@ class BindFlow:
     """Pod key -> (node, monotonic time) the filter chose for it, until its bind starts (``claim``)."""
 
     def __post_init__(self) -> None:
-        if self.foreign_claims is None and isinstance(self.truth, ClaimSource):
-            self.foreign_claims = self.truth
         self._waiter = nodelock.LockWaiter(self.binder, self._now, self.metrics, self.lock_wait_s)
         self._nudger = requeue.Nudger(self.binder.touch_node, self._now, self.metrics, self.log)
 
