@@ -373,9 +373,10 @@ class BindFlow:
             self._filters.put(uid, summary)
 
     def remember_scores(self, uid: str, names: Sequence[str], scores: np.ndarray) -> None:
-        """Keep the best three prioritize scores (internal, ``names`` order) for the bind event.
+        """Keep the best three scores (internal, ``names`` order) for the bind event.
 
-        Ties keep the input order.
+        Ties keep the input order. Called by prioritize, and by the filter when the extender chose
+        the node (kube-scheduler runs no prioritize for a single feasible node).
         """
         if uid and len(names):
             top = np.argsort(-scores, kind="stable")[:3].tolist()
