@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("gpuslice.sim.cli", "replay the Alibaba GPU trace through the placement policies"),
@@ -30,14 +30,21 @@ imports.
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run one subcommand; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="gpuslice", description="Kubernetes GPU scheduler extender.")
+    return dispatch("gpuslice", "Kubernetes GPU scheduler extender.", SUBCOMMANDS, argv)
+
+
+def dispatch(
+    prog: str, description: str, subcommands: Mapping[str, tuple[str, str]], argv: Sequence[str] | None
+) -> int:
+    """Run the subcommand ``argv`` names, importing only its module (``gpuslice-dev`` uses it too)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (_, text) in SUBCOMMANDS.items():
+    for name, (_, text) in subcommands.items():
         sub.add_parser(name, help=text, add_help=False)
     args, rest = parser.parse_known_args(argv)
-    module_name, text = SUBCOMMANDS[args.command]
+    module_name, text = subcommands[args.command]
     module = importlib.import_module(module_name)
-    full = argparse.ArgumentParser(prog=f"gpuslice {args.command}", description=text)
+    full = argparse.ArgumentParser(prog=f"{prog} {args.command}", description=text)
     module.add_arguments(full)
     code: int = module.main(full.parse_args(rest))
     return code

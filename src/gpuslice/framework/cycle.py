@@ -102,10 +102,6 @@ class Cycle:
         """The pod on one node with the acting card rule (``quota`` False: judged without the quota)."""
         return fit.place(state, self.pod, self.cards, self.ctx, self.quota if quota else None)
 
-    def score(self, state: nodes.NodeState) -> int:
-        """The acting node policy's score of a node the pod fits."""
-        return self.node.score_node(state, self.pod, self.ctx).score
-
     def stepped(self, scores: np.ndarray) -> np.ndarray:
         """The node policy's candidate step over the nodes the pod fits (``UNFIT`` ones stay so).
 
@@ -126,7 +122,3 @@ class Cycle:
     ) -> tuple[int, allocations.PodAllocation] | None:
         """The best of ``names`` (by ``keys``, ``batch.best_first``) whose cards the card rule accepts."""
         return batch.first_placed(self.states, names, keys, self.pod, self.cards, self.ctx, self.quota)
-
-    def with_states(self, states: Mapping[str, nodes.NodeState]) -> Cycle:
-        """The same cycle over other node states (a what-if copy, e.g. after evictions)."""
-        return dataclasses.replace(self, states=states, cols=None)
