@@ -65,3 +65,14 @@ GPU_TOPOLOGY_REQUIREMENT = "hami.io/gpu-topology-requirement"
 ``{"RequireNVLink": true, "MinGPUBandwidth": 200}`` (GB/s; see ``gpuslice.codec.linkreq``)."""
 DEVICE_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
 """Card-score weights ``slot=1,core=1,memory=3``; all three keys required, at least one positive."""
+
+# ----- gangs (docs/gangs.md)
+
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+"""scheduler-plugins' label naming the pod's ``PodGroup`` (``scheduling.x-k8s.io/v1alpha1``)."""
+GANG = "gpuslice.io/gang"
+"""gpuslice's gang name, for clusters without the PodGroup CRD (the gang is ``namespace/name``)."""
+GANG_MIN_MEMBERS = "gpuslice.io/gang-min-members"
+"""With ``GANG``: how many members must be placed together (a positive integer)."""
+GANG_TIMEOUT_SECONDS = "gpuslice.io/gang-timeout-seconds"
+"""With ``GANG``: how long a plan waits for its members, in seconds (optional)."""

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 
 from gpuslice.codec import errors as codec_errors
-from gpuslice.codec import goparse, linkreq, pod_selectors, podspec, quantity
+from gpuslice.codec import gangs, goparse, linkreq, pod_selectors, podspec, quantity
 from gpuslice.model import config as model_config
 from gpuslice.model import limits as model_limits
 from gpuslice.model import requests
@@ -399,6 +399,7 @@ def parse_pod(
         topology=linkreq.requirement(annotations),
         owner=controller_uid(metadata.get("ownerReferences")),
         labels=_labels(metadata.get("labels")),
+        gang=gangs.gang_of(pod),
     )
 
 

@@ -63,6 +63,10 @@ class PodSpec(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
     scheduler_name: str | None = None
     priority: int | None = None
     preemption_policy: str | None = None
+    scheduling_group: dict[str, Any] | None = None
+    """Kubernetes' native gang membership (``codec.gangs``)."""
+    workload_ref: dict[str, Any] | None = None
+    """Kubernetes v1.35's Workload membership (``codec.gangs``)."""
 
 
 class OwnerReference(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -147,3 +147,12 @@ PODS: Kind[objects.Pod] = Kind(
 QUOTAS: Kind[objects.ResourceQuota] = Kind(
     "resourcequotas", "/api/v1/resourcequotas", objects.ResourceQuota, _quota_meta
 )
+
+
+def _group_meta(g: objects.GroupObject) -> objects.ObjectMeta:
+    return g.metadata
+
+
+def group_kind(name: str, path: str) -> Kind[objects.GroupObject]:
+    """A gang group collection (PodGroups, Workloads) at ``path``, kept as ``objects.GroupObject``."""
+    return Kind(name, path, objects.GroupObject, _group_meta)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -90,6 +90,10 @@ class PodSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
     init_containers: list[Container] = []
     priority: int | None = None
     preemption_policy: str | None = None
+    scheduling_group: dict[str, Any] | None = None
+    """Kubernetes' native gang membership (``codec.gangs``)."""
+    workload_ref: dict[str, Any] | None = None
+    """Kubernetes v1.35's Workload membership (``codec.gangs``)."""
 
 
 class ContainerStateTerminated(msgspec.Struct, rename="camel", frozen=True, gc=False):
@@ -194,6 +198,21 @@ class ResourceQuota(msgspec.Struct, frozen=True, gc=False):
 
     metadata: ObjectMeta = ObjectMeta()
     spec: QuotaSpec = QuotaSpec()
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
+
+class GroupObject(msgspec.Struct, frozen=True, gc=False):
+    """A gang's group object (a PodGroup, a Workload): its metadata and its spec as builtins.
+
+    ``gpuslice.codec.gangs`` reads the spec; the kinds differ per API group and version.
+    """
+
+    metadata: ObjectMeta = ObjectMeta()
+    spec: dict[str, Any] = {}
 
     @property
     def key(self) -> str:
@@ -335,6 +354,8 @@ class _WireSpec(msgspec.Struct, rename="camel", frozen=True, gc=False):
     init_containers: tuple[_WireContainer, ...] = ()
     priority: int | None = None  # preemption: who may evict whom (docs/preemption.md)
     preemption_policy: str | None = None
+    scheduling_group: dict[str, Any] | None = None  # gangs (``codec.gangs``)
+    workload_ref: dict[str, Any] | None = None
 
 
 class _WireStatus(msgspec.Struct, rename="camel", frozen=True, gc=False):
@@ -348,7 +369,7 @@ class PodWire(msgspec.Struct, frozen=True, gc=False):
     ``metadata``: name, namespace, uid, resourceVersion, deletionTimestamp and the annotations of
     ``POD_ANNOTATIONS`` (each a field of a Struct, so any other annotation is skipped by the
     parser: neither decoded nor kept); ``spec``: nodeName, priority and preemptionPolicy
-    (preemption) and, for every container and init
+    (preemption), schedulingGroup and workloadRef (gangs) and, for every container and init
     container, its name, restartPolicy (positions, native sidecars) and, of its requests and
     limits, ``cpu`` and ``memory`` (the host request kube-scheduler counts) and the extended
     resources (``vendor/name``: whether a pending pod asks for GPUs, ``sync``); ``status``: phase
@@ -440,6 +461,8 @@ def stored_pod(wire: PodWire) -> Pod:
             init_containers=_containers(spec.init_containers),
             priority=spec.priority,
             preemption_policy=None if spec.preemption_policy is None else sys.intern(spec.preemption_policy),
+            scheduling_group=spec.scheduling_group,
+            workload_ref=spec.workload_ref,
         ),
         status=PodStatus(
             phase=sys.intern(status.phase),

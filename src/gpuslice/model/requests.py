@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from gpuslice.model import gangs
+
 MEMORY_PERCENTAGE_UNSET = 101
 """HAMi's sentinel: no percentage given (memory comes from ``memory_mib``)."""
 
@@ -132,6 +134,7 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
         topology: link requirement between the cards of each multi-card container, or None.
         owner: UID of the pod's controller owner reference ('' without one): its job by default.
         labels: the pod's labels as sorted pairs (a configured job label may name its job).
+        gang: the gang the pod belongs to (placed all together or not at all), or None.
     """
 
     namespace: str = "default"
@@ -149,6 +152,7 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
     topology: TopologyRequirement | None = None
     owner: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+    gang: gangs.GangRef | None = None
 
     @property
     def wants_gpu(self) -> bool:
@@ -197,4 +201,6 @@ def footprint(pod: PodRequest) -> int:
     for group in (sel.use_types, sel.nouse_types, sel.use_uuids, sel.nouse_uuids):
         size += sum(56 + len(item) for item in group)
     size += sum(120 + len(k) + len(v) for k, v in pod.labels)
+    if pod.gang is not None:
+        size += 200 + len(pod.gang.name) + len(pod.gang.group) + len(pod.gang.pod_group)
     return size
