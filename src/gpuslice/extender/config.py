@@ -137,6 +137,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             pods, through the Eviction API, to free concrete cards for a pod that waits for GPUs.
         nomination_ttl_s: how long the cards freed for a preemptor stay held for it (its victims'
             grace period must fit in it).
+        gangs: all-or-nothing placement of gangs (docs/gangs.md): a member of a PodGroup (or of
+            gpuslice's ``gpuslice.io/gang``) is placed with its whole gang or not at all.
+        gang_plan_ttl_s: how long a gang's plan holds its cards for members that have not come,
+            unless the PodGroup's ``scheduleTimeoutSeconds`` (or the pod) says.
+        gang_wait_s: the longest a gang member's bind waits at the barrier for the others (also
+            bounded by ``bind_timeout_s`` less the lock wait and the writes).
         leader_elect: ``lease`` (gpuslice's own Lease, for a standalone Deployment behind a
             Service: the leader labels its pod and followers are ready too, see ``pod_name``;
             without a pod, followers report not-ready), ``scheduler`` (follow kube-scheduler's Lease
@@ -220,6 +226,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     recovery_period_s: float = 1.0
     preemption: bool = True
     nomination_ttl_s: float = 60.0
+    gangs: bool = True
+    gang_plan_ttl_s: float = 60.0
+    gang_wait_s: float = 12.0
     leader_elect: str = "lease"
     lease_name: str = "gpuslice-extender"
     lease_namespace: str = "kube-system"
@@ -501,6 +510,8 @@ def _fault_problems(s: Settings) -> list[str]:
         "handshake_timeout_s",
         "recovery_period_s",
         "nomination_ttl_s",
+        "gang_plan_ttl_s",
+        "gang_wait_s",
         "telemetry_max_age_s",
         "header_timeout_s",
         "body_timeout_s",

@@ -95,6 +95,8 @@ class Feed:
         """Told (node, held) on every node event: whether HAMi's lock annotation is set."""
         self.on_capacity_freed: listeners.Listeners[[str]] = listeners.Listeners()
         """Told (node) when a pod holding GPUs there went away or released its init containers' peak."""
+        self.on_pod: listeners.Listeners[[str, objects.Pod, bool]] = listeners.Listeners()
+        """Told (key, pod, deleted) of every pod event once the cache applied it (gang members)."""
         s = settings
         self.sync = sync.Sync(
             kube,
@@ -252,6 +254,8 @@ class Feed:
             self.unbound_claims.pop(key, None)
         held = self.cache.pod_state(key) is not None
         self.sync.apply_pod(key, pod, deleted)
+        if self.on_pod:
+            self.on_pod.emit(key, pod, deleted)
         released = self._inits_release(pod, key, held)
         if not held or not self.on_capacity_freed:
             return

@@ -34,14 +34,16 @@ from starlette.types import ASGIApp
 
 from gpuslice.cache import cache as caches
 from gpuslice.cache import shapes
-from gpuslice.extender import config, feed, metrics, recovery
+from gpuslice.extender import config, feed, gangfeed, metrics, recovery
 from gpuslice.extender import preemption as preemptions
+from gpuslice.extender.binding import barrier as barriers
 from gpuslice.extender.binding import bind as binds
 from gpuslice.extender.binding import binder as binders
 from gpuslice.extender.binding import failpoints, leader, leaderlabel, lockview
 from gpuslice.extender.http import app as apps
 from gpuslice.extender.http import httpserver as httpservers
 from gpuslice.extender.ops import shadow as shadows
+from gpuslice.framework import gangs as gang_plans
 from gpuslice.framework import logs, nominations, view
 from gpuslice.framework import pending as pendings
 from gpuslice.framework import profile as profiles
@@ -102,10 +104,23 @@ def pod_label(
 def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     """Wire the real dependencies (no I/O happens until the app's lifespan starts)."""
     kube = kclient.KubeClient.auto(settings.kubeconfig or None, qps=settings.qps, burst=settings.burst)
-    nominator = nominations.Nominator()  # preemption's held cards, applied by the cache
-    cache = caches.ClusterCache(shapes.ShapeHistogram(settings.workload), nominator=nominator)
+    # Cards held for pods not placed yet, which the cache applies: preemptors' nominations and
+    # gang plans, two holders on one journal (framework.nominations.Merged).
+    journal = nominations.Journal()
+    nominator = nominations.Nominator(journal)
+    gang_holds = nominations.Nominator(journal)
+    cache = caches.ClusterCache(
+        shapes.ShapeHistogram(settings.workload), nominator=nominations.Merged(journal, nominator, gang_holds)
+    )
     m = metrics.Metrics(lambda: view.states(cache.snapshot()))
     profile = profiles.Profile.from_settings(settings, clock=time.time)
+    directory = gang_plans.Directory()
+    plans = (
+        gang_plans.Gangs(profile, directory, gang_holds, settings.gang_plan_ttl_s) if settings.gangs else None
+    )
+    barrier = (
+        None if plans is None else barriers.Barrier(plans, time.time, time.monotonic, settings.gang_wait_s)
+    )
     instance = f"{socket.gethostname()}-{os.getpid()}"[:128]
     recorder = kevents.Recorder(kube, instance=instance) if settings.events else None
     events: binds.Events = recorder if recorder is not None else binds.NoEvents()
@@ -134,6 +149,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         commit_deadline_s=settings.commit_deadline_s,
         sync_wait_s=settings.sync_wait_s,
         faults=failpoints.Failpoints.from_env(),
+        barrier=barrier,
     )
     locks = lockview.LockView(  # what the lock margin reads (docs/node-choice.md)
         source.health.lock_values, source.pod, flow.in_flight, time.time, settings.node_lock_expiry_s
@@ -190,6 +206,10 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
     services += [lead.running, sweeper.running]
     if preempting is not None:
         services.append(preempting.running)
+    if plans is not None and barrier is not None:
+        members = gangfeed.GangFeed(kube, directory, plans, barrier, settings.request_config, log, m)
+        source.on_pod.add(members.on_pod)
+        services.append(members.running)
     if recorder is not None:
 
         @contextlib.asynccontextmanager
@@ -216,6 +236,7 @@ def build(settings: config.Settings, log: logs.Log) -> apps.Deps:
         shadow=shadow,
         preemption=preempting,
         nominator=nominator,
+        gangs=plans,
         locks=locks.busy,
         pending=pendings.PendingPods(clock=time.time, alive=_pending_alive(source)),
         read_pod=_pod_reader(source, kube),

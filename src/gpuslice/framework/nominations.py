@@ -66,20 +66,37 @@ def _add(into: dict[str, nodes.CardUsage], reservation: Reservation) -> None:
         into[uuid] = nodes.CardUsage(u.slots + r.slots, u.memory_mib + r.memory_mib, u.cores + r.cores)
 
 
+class Journal:
+    """The lock, the version and the nodes changed, shared by the holders one cache reads.
+
+    Preemptors' nominations and gang plans (``framework.gangs``) are two ``Nominator`` objects on
+    one journal, so the cache reads both (``Merged``) under one lock and one version.
+    """
+
+    def __init__(self) -> None:
+        """Version 0, nothing changed."""
+        self.lock = threading.RLock()
+        self.version = 0
+        self.changed: dict[str, int] = {}  # node -> the version of its last change
+
+    def mark(self, node: str) -> None:
+        """Something held on ``node`` changed."""
+        self.version += 1
+        self.changed[node] = self.version
+
+
 class Nominator:
     """The preemptors' nominations (see the module docstring)."""
 
-    def __init__(self) -> None:
-        """No nomination."""
-        self.lock = threading.RLock()
+    def __init__(self, journal: Journal | None = None) -> None:
+        """No nomination; ``journal``: shared with other holders the cache reads (default: its own)."""
+        self._journal = journal or Journal()
+        self.lock = self._journal.lock
         """Held by the cache across its reads and its ``take`` (after its own lock)."""
         self._records: dict[str, _Record] = {}  # preemptor key -> its nomination
-        self._version = 0
-        self._changed: dict[str, int] = {}  # node -> the version of its last change
 
     def _mark(self, node: str) -> None:
-        self._version += 1
-        self._changed[node] = self._version
+        self._journal.mark(node)
 
     def _drop(self, key: str) -> None:
         self._mark(self._records.pop(key).alloc.node)
@@ -193,11 +210,83 @@ class Nominator:
         return out
 
     def version(self) -> int:
-        """A number that grows with every change."""
+        """A number that grows with every change (of any holder on the same journal)."""
         with self.lock:
-            return self._version
+            return self._journal.version
 
     def changed_since(self, version: int) -> tuple[str, ...]:
-        """The nodes whose nominations changed after ``version``, sorted."""
+        """The nodes whose holds (on this journal) changed after ``version``, sorted."""
         with self.lock:
-            return tuple(sorted(n for n, v in self._changed.items() if v > version))
+            return tuple(sorted(n for n, v in self._journal.changed.items() if v > version))
+
+
+class Merged:
+    """Several ``Nominator`` objects on one ``Journal``, read by the cache as one.
+
+    ``nominate`` goes to the first (the preemptors'); every reader merges all of them, and
+    ``take``, ``release`` and ``drop_node`` reach all of them.
+    """
+
+    def __init__(self, journal: Journal, *holders: Nominator) -> None:
+        """``holders`` must all have been built on ``journal``."""
+        if not holders or any(h.lock is not journal.lock for h in holders):
+            raise ValueError("every holder must share the journal")
+        self._journal = journal
+        self._holders = holders
+        self.lock = journal.lock
+
+    def nominate(self, key: str, uid: str, alloc: allocations.PodAllocation, expires_at: float) -> None:
+        """The first holder's ``nominate``."""
+        self._holders[0].nominate(key, uid, alloc, expires_at)
+
+    def take(self, key: str, uid: str) -> bool:
+        """Every holder's ``take``; True when one held something for the pod."""
+        with self.lock:
+            return any([h.take(key, uid) for h in self._holders])
+
+    def release(self, key: str) -> bool:
+        """Every holder's ``release``."""
+        with self.lock:
+            return any([h.release(key) for h in self._holders])
+
+    def drop_node(self, node: str) -> None:
+        """Every holder's ``drop_node``."""
+        with self.lock:
+            for h in self._holders:
+                h.drop_node(node)
+
+    def unclaimed_node(self, key: str) -> str | None:
+        """The first holder's unclaimed node for ``key``."""
+        with self.lock:
+            for h in self._holders:
+                node = h.unclaimed_node(key)
+                if node is not None:
+                    return node
+            return None
+
+    def held(self, skip: str = "") -> Mapping[str, Mapping[str, nodes.CardUsage]]:
+        """Every holder's ``held``, added up."""
+        out: dict[str, dict[str, nodes.CardUsage]] = {}
+        with self.lock:
+            for h in self._holders:
+                for node, cards in h.held(skip).items():
+                    _add(out.setdefault(node, {}), tuple(cards.items()))
+        return out
+
+    def held_against(self, node: str, key: str, uid: str) -> Mapping[str, nodes.CardUsage]:
+        """Every holder's ``held_against``, added up."""
+        out: dict[str, nodes.CardUsage] = {}
+        with self.lock:
+            for h in self._holders:
+                _add(out, tuple(h.held_against(node, key, uid).items()))
+        return out
+
+    def version(self) -> int:
+        """The journal's version."""
+        with self.lock:
+            return self._journal.version
+
+    def changed_since(self, version: int) -> tuple[str, ...]:
+        """The nodes any holder changed after ``version``, sorted."""
+        with self.lock:
+            return tuple(sorted(n for n, v in self._journal.changed.items() if v > version))

@@ -77,6 +77,15 @@ def reject_all(names: Sequence[str], reason: str) -> FilterOutcome:
     return FilterOutcome([], {}, dict.fromkeys(names, reason), collections.Counter({reason: len(names)}))
 
 
+def planned(names: Sequence[str], node: str, reason: str) -> FilterOutcome:
+    """Only ``node`` feasible (a gang member's planned node); every other one unresolvable for ``reason``."""
+    others = {n: reason for n in names if n != node}
+    counts = collections.Counter({FEASIBLE: 1})
+    if others:
+        counts[reason] = len(others)
+    return FilterOutcome([node], {}, others, counts)
+
+
 def filter_nodes(
     cyc: cycles.Cycle,
     names: Sequence[str],

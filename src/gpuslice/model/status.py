@@ -64,6 +64,15 @@ FOREIGN_CLAIM_HELD = "ForeignClaimHeld"
 """The pod carries another scheduler's filter claim that scheduler may still act on (younger than
 the node lock expiry, or a node lock names the pod); it waits until the claim is stale."""
 
+GANG_UNSCHEDULABLE = "GangUnschedulable"
+"""The pod belongs to a gang, and no plan places the gang's minimum of members together now
+(docs/gangs.md); the message names the gang and what is short."""
+GANG_PLANNED_ELSEWHERE = "GangPlannedElsewhere"
+"""The pod's gang plan holds its cards on another node: every node but that one fails so."""
+GANG_GROUP_MISSING = "GangGroupMissing"
+"""The pod names a PodGroup (or Workload) the extender has not seen: how many members must be
+placed together is unknown, so none is placed yet."""
+
 ALL_REASONS: tuple[str, ...] = (
     INSUFFICIENT_GPU_MEMORY,
     INSUFFICIENT_GPU_CORES,
@@ -87,6 +96,9 @@ ALL_REASONS: tuple[str, ...] = (
     NVLINK_REQUIRED,
     INSUFFICIENT_GPU_BANDWIDTH,
     FOREIGN_CLAIM_HELD,
+    GANG_UNSCHEDULABLE,
+    GANG_PLANNED_ELSEWHERE,
+    GANG_GROUP_MISSING,
 )
 
 ALREADY_CACHED = "AlreadyCached"

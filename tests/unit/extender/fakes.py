@@ -38,7 +38,7 @@ CLOCK = 1_700_000_000.0
 def cluster_cache(
     *registered: nodes.NodeInventory | nodes.NodeState | builders.NodeBuilder,
     histogram: shapes.ShapeHistogram | None = None,
-    nominator: nominations.Nominator | None = None,
+    nominator: caches.Nominations | None = None,
 ) -> caches.ClusterCache:
     """A real cache with these nodes registered (``upsert_node``), on ``nominator`` (a new one by default).
 

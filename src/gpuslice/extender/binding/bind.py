@@ -74,6 +74,7 @@ import numpy as np
 from gpuslice.codec import errors as codec_errors
 from gpuslice.codec import pod_devices, resources
 from gpuslice.extender import listeners, metrics, tasks, wire
+from gpuslice.extender.binding import barrier as barriers
 from gpuslice.extender.binding import binder as binders
 from gpuslice.extender.binding import failpoints, nodelock, requeue
 from gpuslice.framework import cycle as cycles
@@ -169,6 +170,8 @@ class Result(enum.Enum):
     """This replica does not lead; only the leader binds."""
     NOT_SYNCED = "not_synced"
     """The cache did not sync within ``sync_wait_s``."""
+    GANG = "gang"
+    """A gang member's bind gave up at the barrier: its plan's quorum did not come (or it went)."""
     ERROR = "error"
     """A surprise (a bug), answered as an internal error."""
 
@@ -288,6 +291,8 @@ class BindFlow:
     """Told of every GPU pod this flow bound (pod, node, cards), after the fact (shadow mode)."""
     foreign_claims: ClaimSource | None = None
     """Judges other schedulers' claims on pods (the feed, in ``serve.build``); None: no other scheduler."""
+    barrier: barriers.Barrier | None = None
+    """Holds gang members' binds until their plan's quorum is at bind (None: gangs are off)."""
     _pods: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*PODS_MEMO, requests.footprint))
     _scores: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*SMALL_MEMO, memo.strings))
     _filters: memo.Memo = dataclasses.field(default_factory=lambda: memo.Memo(*SMALL_MEMO, memo.strings))
@@ -485,6 +490,35 @@ class BindFlow:
         claim = self._foreign_claim(key)
         if claim is not None and claim.held:
             return Outcome(Result.REJECTED, kclaims.waiting_note(key, claim, self.clock()))
+        gang = self.barrier if self.barrier is not None and self.barrier.gangs.gated(pod) else None
+        if gang is not None:
+            # All or nothing: wait for the plan's quorum, leaving the queue, the lock and the
+            # writes their budget (``bind_timeout_s``).
+            budget = self.bind_timeout_s - self.lock_wait_s - self.commit_deadline_s - QUEUE_MARGIN_S
+            why = await gang.pass_(pod, node, started + budget)
+            if why:
+                return Outcome(Result.GANG, why)
+            gang.gangs.claim(pod)  # its held cards leave the snapshots for the re-fit below
+        outcome = await self._bind_gpu(ns, name, uid, node, key, pod, claim, started)
+        if gang is not None:
+            if outcome.ok:
+                gang.gangs.bound(pod)
+            elif outcome.result is not Result.PENDING:
+                gang.gangs.failed(pod, None, self.clock())
+        return outcome
+
+    async def _bind_gpu(
+        self,
+        ns: str,
+        name: str,
+        uid: str,
+        node: str,
+        key: str,
+        pod: requests.PodRequest,
+        claim: kclaims.Claim | None,
+        started: float,
+    ) -> Outcome:
+        """Reserve, queue for the node, commit (the module docstring's steps 2 to 7)."""
         placed = self._reserve(key, uid, node, pod)
         if isinstance(placed, Outcome):
             if placed.result is not Result.HELD:

@@ -49,6 +49,7 @@ from gpuslice.extender.ops import clusterview
 from gpuslice.extender.ops import shadow as shadows
 from gpuslice.framework import cycle as cycles
 from gpuslice.framework import explain as explains
+from gpuslice.framework import gangs as gang_plans
 from gpuslice.framework import logs, memo, nominations, scheduling, view
 from gpuslice.framework import pending as pendings
 from gpuslice.framework import profile as profiles
@@ -128,6 +129,8 @@ class Deps:
     """GPU-aware preemption (``extender.preemption``): told of GPU pods no node fits; None when off."""
     nominator: nominations.Nominator | None = None
     """The preemptors' nominations the cache applies (shown by the cluster view); None: not shown."""
+    gangs: gang_plans.Gangs | None = None
+    """Gang plans (``framework.gangs``): a gang member's filter answers its planned node; None: off."""
     locks: Callable[[str], Collection[str]] | None = None
     """Pod ``namespace/name`` -> the nodes whose HAMi lock it would find busy
     (``lockview.LockView.busy``), for the lock margin; None: no lock state (the margin has no effect)."""
@@ -226,12 +229,19 @@ class _Requests:
         template: parsing.Parsed | None = self._by_spec.get(spec_key)
         parsed: parsing.Parsed
         labels = self._labels(meta.labels)
-        if template is None:
+        gang = parsing.gang_of(
+            meta.namespace, meta.labels, meta.annotations, pod.spec.scheduling_group, pod.spec.workload_ref
+        )
+        if isinstance(gang, status.Status):
+            parsed = gang
+        elif template is None:
             kept = msgspec.structs.replace(
                 pod, metadata=msgspec.structs.replace(meta, annotations=annotations, labels=labels)
             )
             parsed = parsing.parse_pod(kept.to_dict(), self._config)
             self._by_spec.put(spec_key, parsed)
+            if not isinstance(parsed, status.Status):
+                parsed = msgspec.structs.replace(parsed, gang=gang)
         elif isinstance(template, status.Status):
             parsed = template
         else:
@@ -242,6 +252,7 @@ class _Requests:
                 uid=meta.uid,
                 owner=next((o.uid for o in meta.owner_references or () if o.controller is True), ""),
                 labels=tuple(labels.items()),
+                gang=gang,
             )
         if meta.uid and meta.resource_version:
             self._memo.put(meta.uid, (meta.resource_version, parsed))
@@ -478,8 +489,16 @@ class Handlers:
         if self._workload.flush():
             snap = self._snapshot(pod)  # the workload changed: score against the new one
         busy = self._busy(pod)
+        verdict = gang_plans.NOT_GATED
+        if claim is None and pod.gang is not None and deps.gangs is not None:
+            verdict = deps.gangs.admit(pod, snap, names, deps.flow.clock(), deps.excluded)
         if claim is not None:  # the pod waits for the claim; preemption cannot help: unresolvable
             outcome = scheduling.reject_all(names, status.FOREIGN_CLAIM_HELD)
+        elif verdict.gated:  # all or nothing: the gang's plan decides (framework.gangs)
+            if verdict.node is None:
+                outcome = scheduling.reject_all(names, verdict.reason)
+            else:
+                outcome = scheduling.planned(names, verdict.node, status.GANG_PLANNED_ELSEWHERE)
         else:
             cyc = cycles.Cycle.of(deps.profile, snap, pod)
             outcome = scheduling.filter_nodes(cyc, names, self.log, deps.invalid_nodes, deps.excluded, busy)
@@ -492,6 +511,8 @@ class Handlers:
         summary = "Filter: " + scheduling.summary(outcome)
         if claim is not None:
             summary += "; " + claims.waiting_note(_key(pod), claim, deps.flow.clock())
+        if verdict.message:
+            summary += "; " + verdict.message
         spec = args.pod.spec
         self.on_filtered.emit(
             FilterDone(pod, meta, spec.priority, spec.preemption_policy, snap, names, busy, outcome, summary)
