@@ -37,7 +37,7 @@ from gpuslice.model import config as model_config
 from gpuslice.model import gangs as model_gangs
 from gpuslice.model import requests
 
-DISCOVERY_PERIOD_S = 30.0
+DISCOVERY_PERIOD_S = 10.0
 """How often an API group the apiserver did not serve is looked up again."""
 
 GROUP_APIS: tuple[tuple[str, str, str], ...] = (
