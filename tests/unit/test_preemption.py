@@ -14,10 +14,13 @@ import msgspec
 import pytest
 
 from gpuslice.cache import cache as caches
-from gpuslice.extender import config, preemption
+from gpuslice.codec import keys, resources
+from gpuslice.extender import config, preemption, wire
 from gpuslice.extender.http import app as apps
+from gpuslice.extender.http import preempt
 from gpuslice.framework import nominations, scheduling
 from gpuslice.kube import evictions, objects
+from gpuslice.model import gangs as model_gangs
 from gpuslice.model import status
 from gpuslice.policy import victims
 from tests.unit import builders
@@ -235,3 +238,41 @@ def test_settings_and_flags() -> None:
     assert (s.preemption, s.nomination_ttl_s) == (False, 120.0)
     with pytest.raises(config.ConfigError, match="nomination_ttl_s"):
         config.load(parser.parse_args(["--nomination-ttl-s", "0"]), environ={})
+
+
+async def test_a_gang_member_is_never_a_victim() -> None:
+    # lo-a and lo-b (card 0) belong to a gang: evicting one would break it, so card 1's pods go
+    w = World()
+    for name in ("lo-a", "lo-b"):
+        old = w.store[f"default/{name}"]
+        meta = msgspec.structs.replace(
+            old.metadata, annotations={keys.GANG: "train", keys.GANG_MIN_MEMBERS: "2"}
+        )
+        w.store[f"default/{name}"] = msgspec.structs.replace(old, metadata=meta)
+    assert await w.filter(whole(), priority=100) == []
+    assert w.evicted == ["default/mid-c", "default/mid-d"]
+
+
+async def test_a_gang_member_starts_no_preemption() -> None:
+    w = World()
+    pod = whole()
+    pod["metadata"]["annotations"] = {keys.GANG: "g", keys.GANG_MIN_MEMBERS: "1"}
+    assert await w.filter(pod, priority=100) == []
+    assert w.evicted == [] and w.nominator.nominations() == ()
+
+
+def test_the_preempt_verb_drops_nodes_with_gang_victims_and_gang_preemptors() -> None:
+    w = World()
+    snap = w.cache.snapshot()
+    request = resources.parse_pod(fakes.gpu_pod("hp", pct=100, cores=100))
+    victims_ = {
+        "n": wire.MetaVictims(pods=[wire.MetaPod(uid="uid-lo-a")]),
+        "m": wire.MetaVictims(pods=[wire.MetaPod(uid="uid-free")]),
+    }
+    in_gang = {"uid-lo-a"}.__contains__
+    assert set(preempt.narrow(snap, request, victims_, w.deps.profile, in_gang)) <= {"m"}
+    assert "n" in preempt.narrow(snap, request, victims_, w.deps.profile)
+    member = msgspec.structs.replace(
+        request, gang=model_gangs.GangRef(namespace="default", name="g", source="annotation", min_member=2)
+    )
+    assert preempt.narrow(snap, member, victims_, w.deps.profile) == {}

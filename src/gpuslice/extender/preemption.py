@@ -28,6 +28,10 @@ hidden from its fit), so this module does it, on the leader only and off the req
    kube-scheduler binds it on the nominated node, ``binding`` claims the nomination so the bind
    path's fit sees them free too, and the bind's ``assume`` converts it atomically. The sweep
    (``running``) releases nominations that expired or whose pod was deleted or bound elsewhere.
+
+Gangs (docs/gangs.md) are evicted whole or not at all: a gang member is never a victim, and a
+gang member waiting for GPUs starts no preemption (freeing room for one member frees none for
+its gang, which is planned whole).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from typing import Protocol
 
 from gpuslice.cache import cache as caches
 from gpuslice.cache import snapshot as snapshots
-from gpuslice.extender import metrics, tasks
+from gpuslice.extender import metrics, parsing, tasks
 from gpuslice.extender.binding import bind as binds
 from gpuslice.framework import cycle as cycles
 from gpuslice.framework import logs, memo, nominations, scheduling, view
@@ -97,6 +101,17 @@ class Cache(Protocol):
 
 Pods = Callable[[str], objects.Pod | None]
 """The pod watch's store (``feed.Feed.pod``): the pod as the watch last saw it."""
+
+
+def _in_gang(pod: objects.Pod) -> bool:
+    """True when the pod names a gang (well-formed or not: never evict a member by mistake)."""
+    meta, spec = pod.metadata, pod.spec
+    return (
+        parsing.gang_of(
+            meta.namespace, meta.labels, meta.annotations, spec.scheduling_group, spec.workload_ref
+        )
+        is not None
+    )
 
 
 def gpu_candidates(outcome: scheduling.FilterOutcome) -> list[str]:
@@ -184,7 +199,7 @@ class Preemption:
         outcome: scheduling.FilterOutcome,
     ) -> bool:
         """Start a preemption attempt for a pod the filter could not place; True when one started."""
-        if outcome.feasible or not pod.wants_gpu or not pod.uid or not self.leading():
+        if outcome.feasible or not pod.wants_gpu or not pod.uid or pod.gang is not None or not self.leading():
             return False
         priority = victims.DEFAULT_PRIORITY if spec_priority is None else spec_priority
         if not victims.can_preempt(priority, policy) or pod.uid in self._running:
@@ -223,6 +238,8 @@ class Preemption:
             pod = self.pods(held.key)
             if pod is None or pod.metadata.uid != held.uid:
                 continue  # not (yet) known to the watch: priority unknown
+            if _in_gang(pod):
+                continue  # a gang is evicted whole or not at all: never one member
             priority = pod.spec.priority
             out.append(
                 victims.Resident(

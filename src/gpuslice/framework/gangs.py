@@ -72,6 +72,7 @@ class Directory:
         """Nothing known."""
         self._members: dict[str, dict[str, Member]] = {}  # gang key -> pod key -> member
         self._gang_of: dict[str, str] = {}  # pod key -> gang key
+        self._uids: dict[str, str] = {}  # member UID -> pod key
         self._groups: dict[tuple[str, str, str, str], gangs.GroupSpec] = {}
 
     def pod(self, ref: gangs.GangRef | None, member: Member) -> None:
@@ -82,7 +83,12 @@ class Directory:
         if ref is None:
             return
         self._gang_of[member.key] = ref.key
-        self._members.setdefault(ref.key, {})[member.key] = member
+        old_member = self._members.setdefault(ref.key, {}).get(member.key)
+        if old_member is not None and old_member.uid != member.uid:
+            self._uids.pop(old_member.uid, None)
+        self._members[ref.key][member.key] = member
+        if member.uid:
+            self._uids[member.uid] = member.key
 
     def gone(self, key: str) -> None:
         """The pod was deleted or finished."""
@@ -91,7 +97,9 @@ class Directory:
             return
         members = self._members.get(gang)
         if members is not None:
-            members.pop(key, None)
+            gone = members.pop(key, None)
+            if gone is not None:
+                self._uids.pop(gone.uid, None)
             if not members:
                 del self._members[gang]
 
@@ -118,6 +126,14 @@ class Directory:
     def gangs(self) -> tuple[str, ...]:
         """Every gang with a member, sorted."""
         return tuple(sorted(self._members))
+
+    def has_uid(self, uid: str) -> bool:
+        """True when the pod of this UID is a gang member the watch shows."""
+        return uid in self._uids
+
+    def gang_of(self, key: str) -> str | None:
+        """The gang of the pod ``key``, None when it belongs to none."""
+        return self._gang_of.get(key)
 
 
 # ----- placing a whole gang

@@ -690,7 +690,11 @@ class Handlers:
         if isinstance(pod, status.Status):
             kept = preempt.keep_nonempty(victims)
         else:
-            kept = preempt.narrow(self.deps.cache.snapshot(), pod, victims, self.deps.profile)
+            snap, gangs = self.deps.cache.snapshot(), self.deps.gangs
+            if gangs is None:
+                kept = preempt.narrow(snap, pod, victims, self.deps.profile)
+            else:
+                kept = preempt.narrow(snap, pod, victims, self.deps.profile, gangs.directory.has_uid)
         return wire.ENCODER.encode(wire.ExtenderPreemptionResult(kept))
 
     async def healthz(self, request: Request) -> Response:
