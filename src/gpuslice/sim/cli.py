@@ -25,7 +25,7 @@ from rich.progress import (  # noqa: E402
 
 from gpuslice.framework import registry  # noqa: E402
 from gpuslice.model import config as model_config  # noqa: E402
-from gpuslice.sim import experiment, loadscale, replay, report, trace  # noqa: E402
+from gpuslice.sim import experiment, gangsim, loadscale, replay, report, trace  # noqa: E402
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -76,6 +76,14 @@ def parse_loads(text: str) -> list[float]:
     if not out:
         raise argparse.ArgumentTypeError("no load")
     return out
+
+
+def parse_gang_sizes(text: str) -> tuple[int, int]:
+    """``LO-HI`` or ``N``: generated gang sizes (``gangsim.parse_sizes``)."""
+    try:
+        return gangsim.parse_sizes(text)
+    except gangsim.GangError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_passes(text: str) -> float:
@@ -182,6 +190,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="replay: measured window length, in trace pod counts of arrivals (default 1)",
     )
+    parser.add_argument(
+        "--gangs",
+        choices=gangsim.MODES,
+        default="off",
+        help="benchmark: place gangs all-or-nothing: pods sharing the pod list's job column (trace) or "
+        "consecutive GPU arrivals grouped into gangs of --gang-sizes (generated); off: every pod alone",
+    )
+    parser.add_argument(
+        "--gang-sizes",
+        type=parse_gang_sizes,
+        default=gangsim.DEFAULT_SIZES,
+        help="--gangs generated: gang sizes LO-HI drawn uniformly (or N), seeded by --seeds (default 2-16)",
+    )
+    parser.add_argument(
+        "--gang-planner",
+        choices=gangsim.PLANNERS,
+        default="place_all",
+        help="how a gang is placed: the extender's planner (place_all, node by node) or the simulator's "
+        "placer member by member, undone when one does not fit (trial: the same placements, faster)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -202,6 +230,16 @@ def main(args: argparse.Namespace) -> int:
     except model_config.WorkloadSettingError as exc:
         print(f"gpuslice simulate: {exc}", file=sys.stderr)
         return 2
+    gangs = None if args.gangs == "off" else gangsim.GangSpec(args.gangs, args.gang_sizes, args.gang_planner)
+    if gangs is not None and (args.replay or args.replay_policy):
+        print("gpuslice simulate: --gangs is not simulated with --replay or --replay-policy", file=sys.stderr)
+        return 2
+    if gangs is not None and gangs.mode == "trace" and not any(p.job for p in trace.load_pods(pods)):
+        print(
+            f"gpuslice simulate: --gangs trace: {pods} has no job column (or every job is empty)",
+            file=sys.stderr,
+        )
+        return 2
     if args.replay or args.replay_policy:
         try:
             replay.check(pods)
@@ -218,7 +256,7 @@ def main(args: argparse.Namespace) -> int:
             report.plot([], args.plot, report.summarize_replay(replays))
         return 0
     jobs = [
-        experiment.Job(p, s, nodes, pods, args.tune, args.workload, settings)
+        experiment.Job(p, s, nodes, pods, args.tune, args.workload, settings, gangs=gangs)
         for p in args.policy
         for s in args.seeds
     ]

@@ -311,6 +311,10 @@ class Placer:
     def place(self, pod: trace.TracePod) -> tuple[int, allocations.PodAllocation] | None:
         """Put the pod on the best feasible node; (node index, allocation), or None if none fits."""
         self.observe(pod)
+        return self.place_observed(pod)
+
+    def place_observed(self, pod: trace.TracePod) -> tuple[int, allocations.PodAllocation] | None:
+        """``place`` for a pod the online workload has observed already (a gang's member)."""
         cand = self.live.feasible(pod)
         if not len(cand):
             return None

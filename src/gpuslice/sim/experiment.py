@@ -17,7 +17,7 @@ from gpuslice.cache import shapes
 from gpuslice.framework import registry
 from gpuslice.model import config as model_config
 from gpuslice.policy import api
-from gpuslice.sim import engine, lockwindow, metrics, trace, workload
+from gpuslice.sim import engine, gangsim, lockwindow, metrics, trace, workload
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -33,6 +33,8 @@ class Job:
 
     ``lock``: HAMi's node lock modelled (bursts, a lock window per placement, the lock-aware choice
     with its margin; ``lockwindow``); None: no locks, the paper's protocol.
+
+    ``gangs``: place gangs all-or-nothing (``gangsim``); None: every pod on its own (the paper's).
     """
 
     policy: str
@@ -43,6 +45,7 @@ class Job:
     workload: str = "oracle"
     settings: model_config.WorkloadSettings = model_config.DEFAULT_WORKLOAD
     lock: lockwindow.LockModel | None = None
+    gangs: gangsim.GangSpec | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +67,10 @@ class Result:
         lock: the lock model of the run (None: no locks).
         locks: what the node locks did (None: no locks).
         first_failure_milli: milli-GPU allocated when the first pod did not fit (None: none failed).
+        gangs: the run's gang setting (None: no gangs).
+        gang_stats: what its gangs did (None: no gangs).
+        final_used_milli: milli-GPU allocated after the last arrival.
+        capacity_milli: the cluster's GPU capacity.
     """
 
     policy: str
@@ -80,6 +87,10 @@ class Result:
     lock: lockwindow.LockModel | None = None
     locks: lockwindow.Stats | None = None
     first_failure_milli: int | None = None
+    gangs: gangsim.GangSpec | None = None
+    gang_stats: gangsim.GangStats | None = None
+    final_used_milli: int = 0
+    capacity_milli: int = 0
 
     def unallocated(self, x: int) -> float:
         """U(x) in percent."""
@@ -100,6 +111,11 @@ class Result:
             extra["locks"] = self.locks.as_json()
             first = self.first_failure_milli
             extra["gpus_at_first_failure"] = None if first is None else first / 1000
+        if self.gangs is not None and self.gang_stats is not None:
+            extra["gangs"] = {**self.gangs.as_json(), **self.gang_stats.as_json()}
+            extra["gpu_demand_placed"] = self.final_used_milli / 1000
+            cap = self.capacity_milli
+            extra["final_gpu_allocation_pct"] = round(100 * self.final_used_milli / cap, 4) if cap else None
         return {
             "policy": self.policy,
             "seed": self.seed,
@@ -137,7 +153,15 @@ def run_job(job: Job) -> Result:
         capacity=api.model_capacity(d.type for inv in inventories for d in inv.devices),
     )
     start = time.perf_counter()
-    out = engine.run(ranked, w, arr.seq, policy, ctx, histogram, job.lock)
+    stats: gangsim.GangStats | None = None
+    if job.gangs is None:
+        out = engine.run(ranked, w, arr.seq, policy, ctx, histogram, job.lock)
+    else:
+        if job.lock is not None:
+            raise ValueError("gangs with the node-lock model are not simulated")
+        members = gangsim.groups(job.gangs, w, arr.seq, job.seed)
+        ran = gangsim.run(ranked, w, arr.seq, members, policy, ctx, histogram, job.gangs.planner)
+        out, stats = ran.outcome, ran.stats
     wall = time.perf_counter() - start
     failed: dict[tuple[int, int, int], int] = {}
     for k in out.failed:
@@ -160,6 +184,10 @@ def run_job(job: Job) -> Result:
         job.lock,
         out.locks,
         int(out.used[out.failed[0]]) if out.failed else None,
+        job.gangs,
+        stats,
+        int(out.used[-1]) if len(out.used) else 0,
+        out.capacity_milli,
     )
 
 

@@ -53,6 +53,7 @@ class TracePod:
         creation: creation time in seconds, or None when the file has no times.
         deletion: deletion time in seconds, or None.
         request: the pod as the policies see it.
+        job: the pod's job from the optional ``job`` column ('' for none; ``gangsim``'s trace gangs).
     """
 
     name: str
@@ -64,6 +65,7 @@ class TracePod:
     creation: float | None
     deletion: float | None
     request: requests.PodRequest
+    job: str = ""
 
     @property
     def gpu_milli(self) -> int:
@@ -162,6 +164,7 @@ def make_pod(
     spec: str = "",
     creation: float | None = None,
     deletion: float | None = None,
+    job: str = "",
 ) -> TracePod:
     """A trace pod from raw column values (applies the trace's conventions)."""
     cpu = cpu_milli if cpu_milli > 0 else 100
@@ -172,11 +175,11 @@ def make_pod(
     types = tuple(t for t in (s.strip() for s in spec.split("|")) if t)
     types = tuple(dict.fromkeys(types))
     req = pod_request(name, cpu, memory_mib, count, share, types)
-    return TracePod(name, cpu, memory_mib, count, share, types, creation, deletion, req)
+    return TracePod(name, cpu, memory_mib, count, share, types, creation, deletion, req, job.strip())
 
 
 def load_pods(path: Path) -> list[TracePod]:
-    """Read an openb pod list (the 5-column variant too), in file order."""
+    """Read an openb pod list (the 5-column variant too; an optional ``job`` column), in file order."""
     out = []
     for row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")):
         out.append(
@@ -189,6 +192,7 @@ def load_pods(path: Path) -> list[TracePod]:
                 row.get("gpu_spec") or "",
                 _time(row, "creation_time"),
                 _time(row, "deletion_time"),
+                row.get("job") or "",
             )
         )
     return out
