@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import time
+import urllib.parse
+import urllib.request
 from typing import Any
 
 import pytest
@@ -57,6 +60,11 @@ def bound(cluster: Cluster, ns: str, names: list[str]) -> dict[str, str]:
     return out
 
 
+def get_json(cluster: Cluster, path: str) -> Any:
+    with urllib.request.urlopen(f"{cluster.ext.url}{path}", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
 def audit_clean(cluster: Cluster) -> None:
     status, body = cluster.cp.api_request("GET", "/api/v1/nodes")
     assert status == 200
@@ -88,6 +96,15 @@ def test_members_wait_at_the_barrier_until_the_last_one_comes(e2e_cluster: Clust
         member(e2e_cluster, ns, n, limits, gang="late", minimum=3)
     time.sleep(4.0)  # both filtered and at bind by now: the barrier holds them
     assert bound(e2e_cluster, ns, ["a", "b"]) == {}
+    # explain and the cluster view show the plan and who waits
+    doc = get_json(e2e_cluster, "/explain?" + urllib.parse.urlencode({"pod": f"{ns}/a"}))
+    gang = doc["gang"]
+    assert gang["gang"] == f"{ns}/late" and gang["minimum"] == 3
+    assert sorted(gang["waiting"]) == [f"{ns}/a", f"{ns}/b"]
+    states = sorted(slot["state"] for slot in gang["plan"]["slots"])
+    assert states == ["planned", "waiting", "waiting"]  # c is not created yet: its slot is held
+    view = get_json(e2e_cluster, "/ui/state")
+    assert view["gangs_status"] == "on" and [g["gang"] for g in view["gangs"]] == [f"{ns}/late"]
     member(e2e_cluster, ns, "c", limits, gang="late", minimum=3)
     e2e_cluster.wait(lambda: len(bound(e2e_cluster, ns, ["a", "b", "c"])) == 3, 60, "late gang not bound")
     audit_clean(e2e_cluster)

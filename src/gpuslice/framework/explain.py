@@ -34,6 +34,7 @@ import msgspec
 
 from gpuslice.codec import keys
 from gpuslice.framework import cycle as cycles
+from gpuslice.framework import gangs as gang_plans
 from gpuslice.framework import profile as profiles
 from gpuslice.framework import view
 from gpuslice.model import nodes, requests, status
@@ -159,6 +160,26 @@ class Held(msgspec.Struct, frozen=True, kw_only=True):
     memory_mib: int = 0
 
 
+class Gang(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The pod's gang (docs/gangs.md): its plan, who waits at the barrier, and what it says.
+
+    Attributes:
+        gang: ``namespace/name``.
+        source: how the pod names it (``model.gangs.SOURCE_*``).
+        minimum: members placed together (0: its group object was not seen).
+        plan: the plan holding the gang's cards, None when it has none now.
+        waiting: members whose bind waits at the barrier now.
+        note: the gang's answer to the pod's last filter (why it is refused, or its slot).
+    """
+
+    gang: str
+    source: str
+    minimum: int
+    plan: gang_plans.PlanView | None = None
+    waiting: tuple[str, ...] = ()
+    note: str = ""
+
+
 class Explanation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Why a pod fits or not, node by node (``--json`` and ``/explain`` return this document).
 
@@ -176,6 +197,7 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
         bound_node: the node a held pod runs on ('' for a pod the cache does not hold: left out
             of the JSON then, as ``bound_cards``).
         bound_cards: the card UUIDs it holds there, in allocation order.
+        gang: the pod's gang, None when it belongs to none.
     """
 
     namespace: str
@@ -190,6 +212,30 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     change: str
     bound_node: str = ""
     bound_cards: tuple[str, ...] = ()
+    gang: Gang | None = None
+
+
+def gang_part(
+    pod: requests.PodRequest,
+    plans: gang_plans.Gangs,
+    now: float,
+    note: str = "",
+) -> Gang | None:
+    """The pod's gang as explain shows it, None for a pod of no gang."""
+    ref = pod.gang
+    if ref is None:
+        return None
+    spec = plans.directory.spec(ref)
+    plan = plans.view(ref.key, now)
+    waiting = () if plan is None else tuple(sorted(s.member for s in plan.slots if s.state == "waiting"))
+    return Gang(
+        gang=ref.key,
+        source=ref.source,
+        minimum=0 if spec is None else spec.min_member,
+        plan=plan,
+        waiting=waiting,
+        note=note,
+    )
 
 
 _ENCODER = msgspec.json.Encoder()

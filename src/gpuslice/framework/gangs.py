@@ -640,8 +640,9 @@ class Gangs:
         return plan is not None and any(s.member == _key(pod) for s in plan.slots)
 
     def views(self, now: float) -> tuple[PlanView, ...]:
-        """Every plan, by gang."""
-        return tuple(self._view(p, now) for _, p in sorted(self._plans.items()))
+        """Every plan, by gang (safe from the cluster view's thread: the plans are copied at once)."""
+        plans = list(self._plans.values())  # one C-level copy under the GIL
+        return tuple(sorted((self._view(p, now) for p in plans), key=lambda v: v.gang))
 
     def view(self, gang: str, now: float) -> PlanView | None:
         """One gang's plan, None when it has none."""

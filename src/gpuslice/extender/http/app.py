@@ -748,6 +748,10 @@ class Handlers:
         held = holdings.held(deps.cache, arg, pod.uid)
         snap = deps.cache.snapshot()
         doc = explains.explain(snap, pod, deps.profile, deps.invalid_nodes, deps.excluded, held=held)
+        if deps.gangs is not None and pod.gang is not None:
+            note = "" if entry is None else entry.summary
+            gang = explains.gang_part(pod, deps.gangs, deps.flow.clock(), note)
+            doc = msgspec.structs.replace(doc, gang=gang)
         return Response(explains.encode(doc), media_type=JSON)
 
 

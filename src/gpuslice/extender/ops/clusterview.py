@@ -39,6 +39,7 @@ from gpuslice.cache import cache as caches
 from gpuslice.extender import holdings
 from gpuslice.extender.ops import shadow as shadows
 from gpuslice.framework import explain as explains
+from gpuslice.framework import gangs as gang_plans
 from gpuslice.framework import nominations, view
 from gpuslice.framework import pending as pendings
 from gpuslice.framework import profile as profiles
@@ -160,6 +161,9 @@ class State(msgspec.Struct, frozen=True, kw_only=True):
     pending_more: int = 0
     shadow_status: str = UNAVAILABLE
     shadow: msgspec.Raw | None = None
+    gangs_status: str = UNAVAILABLE
+    """``on`` when gangs are placed whole (``gangs`` then lists the plans holding cards)."""
+    gangs: tuple[gang_plans.PlanView, ...] = ()
 
 
 def held_cards(noms: Sequence[nominations.Nomination]) -> dict[str, list[PodOnCard]]:
@@ -217,6 +221,11 @@ class Source(Protocol):
     @property
     def profile(self) -> profiles.Profile:
         """The extender's profile (``explain`` judges cards with it)."""
+        ...
+
+    @property
+    def gangs(self) -> gang_plans.Gangs | None:
+        """The gangs' plans, None when gangs are off."""
         ...
 
 
@@ -358,8 +367,11 @@ class ClusterView:
         snap = src.cache.snapshot()
         cache = src.cache
         held, holders_status = cache.holders(), ON
-        noms = src.nominator
+        noms, plans = src.nominator, src.gangs
         reserved = {} if noms is None else held_cards(noms.nominations())
+        if plans is not None:  # gang plans hold cards the same way (shown as held, by slot)
+            for uuid, held_here in held_cards(plans.holder.nominations()).items():
+                reserved.setdefault(uuid, []).extend(held_here)
         measure = self._measure_for(snap)
         excluded = dict(src.excluded)
         out = []
@@ -400,6 +412,8 @@ class ClusterView:
             pending_more=more,
             shadow_status=shadow_status,
             shadow=shadow,
+            gangs_status=UNAVAILABLE if plans is None else ON,
+            gangs=() if plans is None else plans.views(time.time()),
         )
 
     def state_json(self) -> bytes:
