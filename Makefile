@@ -15,7 +15,7 @@ REPLAY_POLICIES ?= binpack,bestfit,fgd,fgd-lookahead
 REPLAY_SEEDS ?= 42-43
 REPLAY_LOADS ?= 0.8,0.9,0.95,1.0
 
-.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos test-node test-install node image control-plane helm chromium chart-docs bench clean
+.PHONY: run test venv lint typecheck test-unit test-integration test-e2e test-chaos test-node test-install node image control-plane coscheduling helm chromium chart-docs bench clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,10 @@ test-unit: $(STAMP)
 control-plane:
 	bash hack/control-plane/build.sh
 
+# kube-scheduler built with scheduler-plugins' Coscheduling (the gang tests run beside it)
+coscheduling: control-plane
+	bash hack/coscheduling/build.sh
+
 # helm for the chart tests, built from the Go module proxy at a pinned version (cached like the control plane)
 helm:
 	bash hack/helm/build.sh
@@ -68,8 +72,9 @@ chromium:
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; fi
 
-test-e2e: $(STAMP) control-plane helm chromium
+test-e2e: $(STAMP) control-plane coscheduling helm chromium
 	GPUSLICE_CONTROL_PLANE_BIN=$$(bash hack/control-plane/build.sh | tail -1) \
+	GPUSLICE_COSCHEDULING_BIN=$$(bash hack/coscheduling/build.sh | tail -1) \
 	GPUSLICE_HELM=$$(bash hack/helm/build.sh | tail -1) \
 	  $(PY) -m pytest tests/e2e -m e2e -q
 
