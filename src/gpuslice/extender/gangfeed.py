@@ -167,11 +167,26 @@ class GangFeed:
         await inf.run()
 
     async def _expire(self) -> None:
+        counted = {"planned": 0, "refused": 0, "released": 0}
         while True:
             await asyncio.sleep(1.0)
             for gang in self.plans.expire(self.clock()):
                 self.log.info("gang plan expired", gang=gang)
                 self.barrier.wake(gang)
+            self.export(counted)
+
+    def export(self, counted: dict[str, int]) -> None:
+        """Bring the plan metrics up to the plans' counts (``counted``: what was exported before)."""
+        plans = self.plans
+        for outcome, now in (
+            ("planned", plans.planned),
+            ("refused", plans.refused),
+            ("released", plans.released),
+        ):
+            if now > counted[outcome]:
+                self.metrics.gang_plans.labels(outcome).inc(now - counted[outcome])
+                counted[outcome] = now
+        self.metrics.gangs_held.set(plans.held())
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[GangFeed]:

@@ -102,6 +102,14 @@ class Metrics:
             registry=r,
         )
         self.binds = Counter("gpuslice_bind_total", "Bind outcomes", ["outcome"], registry=r)
+        self.gang_plans = Counter(
+            "gpuslice_gang_plans_total",
+            "Gang plans by what became of them (docs/gangs.md): planned, refused (no room for the "
+            "whole gang), released (given up at the barrier, expired, a member gone or changed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.gangs_held = Gauge("gpuslice_gang_plans_held", "Gang plans holding cards now", registry=r)
         self.lock_waits = Counter(
             "gpuslice_bind_node_lock_waits_total",
             "Retries of a node lock held by another pod's Allocate",

@@ -375,6 +375,8 @@ class Gangs:
         """Plans made (metrics)."""
         self.refused = 0
         """Plans that found no room (metrics)."""
+        self.released = 0
+        """Plans given up before their gang was bound (metrics)."""
 
     # ----- the filter
 
@@ -538,6 +540,8 @@ class Gangs:
             for slot in plan.slots:
                 if not slot.bound:
                     self.holder.release(slot.hold)
+        if not plan.aborted:
+            self.released += 1
         plan.aborted = plan.aborted or why
         self._why[plan.id] = plan.aborted
         if len(self._why) > 1024:
@@ -638,6 +642,10 @@ class Gangs:
         ref = pod.gang
         plan = self._plans.get(ref.key) if ref is not None else None
         return plan is not None and any(s.member == _key(pod) for s in plan.slots)
+
+    def held(self) -> int:
+        """Plans holding cards now."""
+        return len(self._plans)
 
     def views(self, now: float) -> tuple[PlanView, ...]:
         """Every plan, by gang (safe from the cluster view's thread: the plans are copied at once)."""

@@ -96,3 +96,17 @@ def test_group_objects_set_and_clear_the_minimum() -> None:
         pod_group="workers",
     )
     assert f.directory.spec(wref) == model_gangs.GroupSpec(min_member=8)
+
+
+def test_plan_counts_reach_the_metrics() -> None:
+    f = feed()
+    f.plans.planned, f.plans.refused, f.plans.released = 3, 1, 2
+    counted = {"planned": 0, "refused": 0, "released": 0}
+    f.export(counted)
+    f.plans.planned = 4
+    f.export(counted)
+    sample = f.metrics.registry.get_sample_value
+    assert sample("gpuslice_gang_plans_total", {"outcome": "planned"}) == 4
+    assert sample("gpuslice_gang_plans_total", {"outcome": "refused"}) == 1
+    assert sample("gpuslice_gang_plans_total", {"outcome": "released"}) == 2
+    assert sample("gpuslice_gang_plans_held", {}) == 0
