@@ -194,8 +194,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gangs",
         choices=gangsim.MODES,
         default="off",
-        help="benchmark: place gangs all-or-nothing: pods sharing the pod list's job column (trace) or "
-        "consecutive GPU arrivals grouped into gangs of --gang-sizes (generated); off: every pod alone",
+        help="place gangs all-or-nothing: pods sharing the pod list's job column (trace) or "
+        "consecutive GPU arrivals grouped into gangs of --gang-sizes (generated, the only kind with "
+        "--replay, where a gang that does not fit waits); off: every pod alone",
     )
     parser.add_argument(
         "--gang-sizes",
@@ -231,8 +232,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"gpuslice simulate: {exc}", file=sys.stderr)
         return 2
     gangs = None if args.gangs == "off" else gangsim.GangSpec(args.gangs, args.gang_sizes, args.gang_planner)
-    if gangs is not None and (args.replay or args.replay_policy):
-        print("gpuslice simulate: --gangs is not simulated with --replay or --replay-policy", file=sys.stderr)
+    if gangs is not None and gangs.mode == "trace" and (args.replay or args.replay_policy):
+        print("gpuslice simulate: the replay draws its arrivals: --gangs generated only", file=sys.stderr)
         return 2
     if gangs is not None and gangs.mode == "trace" and not any(p.job for p in trace.load_pods(pods)):
         print(
@@ -294,9 +295,18 @@ def _replay(args: argparse.Namespace, nodes: Path, pods: Path, console: Console)
     """The replay jobs of ``--replay`` / ``--replay-policy``, one per (policy, load, seed), run in a pool."""
     policies: list[str] = args.replay_policy or args.policy
     seeds: list[int] = args.replay_seeds or args.seeds
+    gangs = None if args.gangs == "off" else gangsim.GangSpec(args.gangs, args.gang_sizes, args.gang_planner)
     jobs = [
         replay.ReplayJob(
-            p, s, nodes, pods, load, args.replay_passes, args.workload, settings=workload_settings(args)
+            p,
+            s,
+            nodes,
+            pods,
+            load,
+            args.replay_passes,
+            args.workload,
+            settings=workload_settings(args),
+            gangs=gangs,
         )
         for p in policies
         for load in args.load

@@ -96,16 +96,19 @@ def parse_sizes(text: str) -> tuple[int, int]:
 
 
 def generated(
-    pods: Sequence[trace.TracePod], seq: np.ndarray, sizes: tuple[int, int], seed: int
+    pods: Sequence[trace.TracePod], seq: np.ndarray, sizes: tuple[int, int], seed: int, first: int = 0
 ) -> list[list[int]]:
-    """The generated gangs of the arrival sequence (module docstring): lists of positions in ``seq``."""
+    """The generated gangs of the arrival sequence (module docstring): lists of positions in ``seq``.
+
+    Positions before ``first`` (the replay's time-0 population, already running) are in no gang.
+    """
     rng = np.random.default_rng([seed, GANG_STREAM])
     lo, hi = sizes
     out: list[list[int]] = []
     current: list[int] = []
     want = 0
     for k, i in enumerate(seq.tolist()):
-        if pods[i].count <= 0:
+        if k < first or pods[i].count <= 0:
             continue
         if not current:
             want = int(rng.integers(lo, hi + 1))
@@ -225,19 +228,20 @@ class GangPlacer:
         self._index = {state.name: j for j, state in enumerate(placer.live.states)}
 
     def place(
-        self, members: Sequence[trace.TracePod]
+        self, members: Sequence[trace.TracePod], observed: bool = False
     ) -> list[tuple[int, allocations.PodAllocation]] | framework_gangs.Short:
         """Every member on the cluster, (node index, allocation) in ``members`` order; or ``Short``.
 
         On ``Short`` the cluster is unchanged. Each member is observed by the online workload first,
-        as a pod the extender's filter sees.
+        as a pod the extender's filter sees (``observed``: the caller did).
         """
+        placer = self.placer
+        if not observed:
+            for pod in members:
+                placer.observe(pod)
         if self.planner == "trial":
             return self._trial(members)
-        placer = self.placer
         live = placer.live
-        for pod in members:
-            placer.observe(pod)
         order = largest_first(members)
         cand = [live.feasible(members[m]) for m in order]
         # A node a member cannot take now it cannot take after other members went on: judging only
@@ -260,8 +264,6 @@ class GangPlacer:
     ) -> list[tuple[int, allocations.PodAllocation]] | framework_gangs.Short:
         """``place`` by the placer itself, member by member, undone when one does not fit."""
         placer = self.placer
-        for pod in members:
-            placer.observe(pod)
         order = largest_first(members)
         done: list[tuple[int, tuple[int, allocations.PodAllocation]]] = []
         for m in order:

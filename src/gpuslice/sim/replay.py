@@ -26,6 +26,18 @@ Figures, over the measured window ``[W, E)`` (``Schedule.window``, after the war
   ``ceil(0.99 n)``-th smallest); ``rejected`` found the queue full; ``still_queued`` were waiting at
   ``E``; pods that never ran = rejected + still queued.
 
+With gangs (``--gangs generated``, ``gangsim``), the arrivals after the time-0 population are
+grouped into gangs of consecutive GPU arrivals (``gangsim.generated``). A gang is offered when its
+last member arrives (the members before it wait from their own arrival) and placed whole, or not
+at all (``gangsim.GangPlacer``). A gang that does not fit waits in a FIFO of gangs (at most
+``QUEUE_LIMIT`` members waiting there; a gang offered to a full one is rejected, all its members
+never run); after each departure, once the single pods have been retried, the waiting gangs whose
+GPU demand the free capacity covers are tried in FIFO order. Each member runs for its own traced
+duration from the gang's start, so every member leaves and frees its cards, and the offered load
+is the same as without gangs. Gangs in the FIFO count as waiting pods in the figures (queued time,
+stranded and queued demand); a member's wait runs from its own arrival, so it includes the time
+until its gang's last member arrived.
+
 With a ``ShapeHistogram`` (``--workload online``) the target workload of FGD-style policies is built
 from the requests as in ``engine.Placer``, each arrival observed once, at its first attempt that
 finds a node with room for its host CPU and memory: the extender's filter observes a pod uid once
@@ -46,11 +58,12 @@ import msgspec
 import numpy as np
 
 from gpuslice.cache import shapes
+from gpuslice.framework import gangs as framework_gangs
 from gpuslice.framework import registry
 from gpuslice.model import allocations, nodes
 from gpuslice.model import config as model_config
 from gpuslice.policy import api
-from gpuslice.sim import cluster, engine, experiment, loadscale, trace, workload
+from gpuslice.sim import cluster, engine, experiment, gangsim, loadscale, trace, workload
 
 QUEUE_LIMIT = 1000
 """Most pods waiting at once; later arrivals are rejected while it is full."""
@@ -84,6 +97,7 @@ class Replayed:
         sample_alloc: allocated GPU % at those times.
         never_ran_shapes: (cpu milli, d, n, GPU models) -> window pods that never ran, for diagnosis.
         waits: the wait of each window pod that started, in arrival order.
+        gang_stats: what the gangs did over the whole run (None: no gangs).
     """
 
     unallocated_pct: float
@@ -104,6 +118,7 @@ class Replayed:
         default_factory=dict
     )
     waits: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    gang_stats: gangsim.GangStats | None = None
 
     @property
     def never_ran(self) -> int:
@@ -126,6 +141,7 @@ class ReplayJob:
     passes: float = 1.0
     workload: str = "oracle"
     settings: model_config.WorkloadSettings = model_config.DEFAULT_WORKLOAD
+    gangs: gangsim.GangSpec | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +162,7 @@ class ReplayResult:
     figures: Replayed
     wall_seconds: float
     settings: model_config.WorkloadSettings | None = None
+    gangs: gangsim.GangSpec | None = None
 
     def as_json(self) -> dict[str, object]:
         """The CLI's JSON record for ``--replay`` (``workload_settings`` only for the online workload)."""
@@ -153,6 +170,8 @@ class ReplayResult:
         extra: dict[str, object] = {}
         if self.settings is not None:
             extra["workload_settings"] = msgspec.to_builtins(self.settings)
+        if self.gangs is not None and f.gang_stats is not None:
+            extra["gangs"] = {**self.gangs.as_json(), **f.gang_stats.as_json()}
         return {
             "policy": self.policy,
             "seed": self.seed,
@@ -291,10 +310,26 @@ def run(
     histogram: shapes.ShapeHistogram | None = None,
     queue_limit: int = QUEUE_LIMIT,
     samples: int = SAMPLES,
+    gangs: Sequence[Sequence[int]] | None = None,
+    planner: str = "trial",
 ) -> Replayed:
-    """Replay ``schedule`` on the nodes (given in rank order) with the policy (module docstring)."""
-    live = cluster.Cluster(inventories)
+    """Replay ``schedule`` on the nodes (given in rank order) with the policy (module docstring).
+
+    ``gangs``: positions in the schedule placed all-or-nothing (``planner``: ``gangsim.PLANNERS``).
+    """
+    live = cluster.Cluster(inventories if gangs is None else gangsim.rank_named(inventories))
     placer = _OncePlacer(live, policy, ctx, histogram)
+    gang_placer = gangsim.GangPlacer(placer, planner)
+    gang_of: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for n_gang, gang in enumerate(gangs or ()):
+        for q in gang:
+            gang_of[q] = n_gang
+        if gang:
+            last[n_gang] = max(gang)
+    stats = gangsim.GangStats() if gangs is not None else None
+    waiting_gangs: list[int] = []
+    gang_waiting = gang_demand = 0
     cap = live.capacity_milli
     arrival = np.asarray(schedule.arrival, dtype=np.float64)
     duration = np.asarray(schedule.duration, dtype=np.float64)
@@ -318,10 +353,10 @@ def run(
         lo, hi = max(last_t, w0), min(t, w1)
         if hi > lo:
             area += used * (hi - lo)
-            if queue.waiting:
+            if queue.waiting or gang_waiting:
                 stranded += (cap - used) * (hi - lo)
                 busy += hi - lo
-                queued += queue.demand * (hi - lo)
+                queued += (queue.demand + gang_demand) * (hi - lo)
         while si < len(sample_t) and sample_t[si] < t:
             sample_v[si] = used
             si += 1
@@ -342,6 +377,68 @@ def run(
         heapq.heappush(departures, (now + float(duration[k]), tick, k, j, alloc))
         return True
 
+    def start_gang(g: int, now: float) -> bool:
+        nonlocal used, peak, tick
+        assert gangs is not None and stats is not None
+        positions = list(gangs[g])
+        members = [pods[index[q]] for q in positions]
+        for q, p in zip(positions, members, strict=True):
+            placer.arrival = q
+            placer.observe(p)
+        got = gang_placer.place(members, observed=True)
+        if isinstance(got, framework_gangs.Short):
+            return False
+        for q, p, (j, alloc) in zip(positions, members, got, strict=True):
+            used += p.gpu_milli
+            started[q] = now
+            tick += 1
+            heapq.heappush(departures, (now + float(duration[q]), tick, q, j, alloc))
+        peak = max(peak, used)
+        stats.placed += 1
+        stats.members_placed += len(members)
+        stats.demand_placed_milli += sum(p.gpu_milli for p in members)
+        return True
+
+    def gang_demand_of(g: int) -> int:
+        assert gangs is not None
+        return sum(pods[index[q]].gpu_milli for q in gangs[g])
+
+    def retry_gangs(when: float, j: int) -> None:
+        """After a departure from node j: the waiting gangs that may now fit, in FIFO order.
+
+        A gang none of whose members fits node j now fails as it did before (the rest of the
+        cluster only lost room since its last try, and with a fixed target workload the scores
+        that chose its members' nodes are the same), so only the others are tried.
+        """
+        nonlocal gang_waiting, gang_demand
+        assert gangs is not None
+        for g in list(waiting_gangs):
+            demand = gang_demand_of(g)
+            if demand > cap - used or not any(_fits(live, j, pods[index[q]]) for q in gangs[g]):
+                continue
+            if start_gang(g, when):
+                waiting_gangs.remove(g)
+                gang_waiting -= len(gangs[g])
+                gang_demand -= demand
+
+    def offer_gang(g: int, now: float) -> None:
+        nonlocal gang_waiting, gang_demand
+        assert gangs is not None and stats is not None
+        size = len(gangs[g])
+        demand = gang_demand_of(g)
+        stats.offered += 1
+        stats.members_offered += size
+        stats.demand_offered_milli += demand
+        if start_gang(g, now):
+            return
+        if gang_waiting + size <= queue_limit:
+            waiting_gangs.append(g)
+            gang_waiting += size
+            gang_demand += demand
+        else:
+            stats.rejected += 1
+            rejected[list(gangs[g])] = True
+
     def depart_until(t: float) -> None:
         nonlocal used
         while departures and departures[0][0] <= t:
@@ -360,6 +457,8 @@ def run(
                     cand = queue.fitting(live, j, cand[1:])  # node j has less room now
                 else:
                     cand = cand[1:]
+            if waiting_gangs:
+                retry_gangs(when, j)
 
     for k in range(n):
         now = float(arrival[k])
@@ -367,6 +466,13 @@ def run(
             break
         depart_until(now)
         advance(now)
+        g = gang_of.get(k)
+        if g is not None:
+            if last[g] == k:
+                offer_gang(g, now)
+            continue
+        if stats is not None:
+            stats.singles += 1
         if not start(k, now):
             if queue.waiting < queue_limit:
                 queue.push(k, pods[index[k]])
@@ -404,6 +510,7 @@ def run(
         sample_alloc=100.0 * sample_v / cap if cap else sample_v,
         never_ran_shapes=shapes_out,
         waits=waits,
+        gang_stats=stats,
     )
 
 
@@ -424,8 +531,19 @@ def run_job(job: ReplayJob) -> ReplayResult:
         rng=np.random.default_rng([job.seed, 1]),
         capacity=api.model_capacity(d.type for inv in ranked for d in inv.devices),
     )
+    members = None
+    planner = "trial"
+    if job.gangs is not None:
+        if job.gangs.mode != "generated":
+            raise gangsim.GangError(
+                "the replay makes generated gangs only (its arrivals are drawn, not traced)"
+            )
+        members = gangsim.generated(pods, schedule.pod, job.gangs.sizes, job.seed, schedule.initial)
+        planner = job.gangs.planner
     t0 = time.perf_counter()
-    figures = run(ranked, pods, schedule, registry.get(job.policy), ctx, histogram)
+    figures = run(
+        ranked, pods, schedule, registry.get(job.policy), ctx, histogram, gangs=members, planner=planner
+    )
     wall = time.perf_counter() - t0
     gpu = np.array([p.gpu_milli for p in pods], np.int64)
     return ReplayResult(
@@ -443,6 +561,7 @@ def run_job(job: ReplayJob) -> ReplayResult:
         figures=figures,
         wall_seconds=wall,
         settings=job.settings if histogram is not None else None,
+        gangs=job.gangs,
     )
 
 

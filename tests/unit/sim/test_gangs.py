@@ -13,7 +13,7 @@ from gpuslice.framework import gangs as framework_gangs
 from gpuslice.framework import registry
 from gpuslice.model import nodes
 from gpuslice.policy import api
-from gpuslice.sim import cluster, engine, gangsim, trace, workload
+from gpuslice.sim import cluster, engine, gangsim, loadscale, replay, trace, workload
 
 pytestmark = pytest.mark.unit
 
@@ -201,4 +201,44 @@ def test_cli_trace_gangs_need_jobs(tmp_path: Path, capsys: pytest.CaptureFixture
     argv = ["simulate", "--nodes", str(tmp_path / "nodes.csv"), "--pods", str(tmp_path / "pods.csv")]
     assert cli.main([*argv, "--gangs", "trace", "--json"]) == 2
     assert "no job column" in capsys.readouterr().err
-    assert cli.main([*argv, "--gangs", "generated", "--replay"]) == 2
+    assert cli.main([*argv, "--gangs", "trace", "--replay"]) == 2
+
+
+@pytest.mark.parametrize("planner", gangsim.PLANNERS)
+def test_replay_gang_waits_whole_and_every_member_leaves(planner: str) -> None:
+    pods = [trace.make_pod("a", 1000, 0, 1, 1000), trace.make_pod("b", 1000, 0, 1, 1000)]
+    sched = loadscale.Schedule(
+        pod=np.array([0, 1, 1], np.int64),
+        arrival=np.array([0.0, 1.0, 2.0]),
+        duration=np.array([10.0, 5.0, 7.0]),
+        window=(0.0, 30.0),
+    )
+    inv = [trace.node_inventory("n0", 16000, 65536, 2, "T4")]
+    ctx = _ctx(pods, inv)
+    out = replay.run(inv, pods, sched, registry.get("binpack"), ctx, gangs=[[1, 2]], planner=planner)
+    # One card is free from t=2 to t=10: the gang of two waits for both, then runs 5 and 7 s.
+    assert out.gang_stats == gangsim.GangStats(
+        offered=1, placed=1, rejected=0, members_offered=2, members_placed=2,
+        demand_offered_milli=2000, demand_placed_milli=2000, singles=1,
+    )  # fmt: skip
+    assert out.waits.tolist() == [0.0, 9.0, 8.0]
+    area = 1000 * 10 + 2000 * 5 + 1000 * 2  # a alone, then both members, then the longer one
+    assert out.unallocated_pct == pytest.approx(100 * (1 - area / (2000 * 30)))
+    assert out.sample_alloc[-1] == 0.0  # every member left
+    assert out.queued_time_pct == pytest.approx(100 * 8 / 30)  # the gang waited from t=2 to t=10
+
+
+def test_replay_cli_gangs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "nodes.csv").write_text(NODES)
+    rows = [f"p{k},2000,4096,{1 + k % 2},{1000 if k % 3 else 500},{k * 10},{k * 10 + 200}" for k in range(30)]
+    (tmp_path / "pods.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\n" + "\n".join(rows) + "\n"
+    )
+    argv = ["simulate", "--nodes", str(tmp_path / "nodes.csv"), "--pods", str(tmp_path / "pods.csv")]
+    argv += ["--replay", "--policy", "binpack", "--seeds", "1", "--load", "0.9", "--json", "--jobs", "1"]
+    assert cli.main(argv) == 0
+    assert "gangs" not in json.loads(capsys.readouterr().out)[0]
+    assert cli.main([*argv, "--gangs", "generated", "--gang-sizes", "2-4"]) == 0
+    g = json.loads(capsys.readouterr().out)[0]["gangs"]
+    assert g["mode"] == "generated" and g["offered"] > 0
+    assert g["placed"] + g["rejected"] <= g["offered"]
