@@ -28,7 +28,8 @@ Measured from the API alone (a list of the bench's pods every second):
   over-states it by up to the 1-s sampling period) is reported too.
 * **partly bound**: a gang with some but not all members bound, longer than ``--partial-limit-s``
   (default ``gang_wait_s`` 12 + ``bind_timeout_s`` 20) after the first sample that showed a
-  member bound (gangs being deleted are not counted), and at the end.
+  member bound (gangs being deleted are not counted), and at the end (a gang partly bound at the
+  last sample is sampled again for up to ``--partial-limit-s``: it may be committing just then).
 * **lost members**: a member a sample showed bound that a later sample shows unbound or gone,
   its gang not departing.
 * **over-committed cards**: ``tests/e2e/gpuaudit.audit(nodes, pods)`` every 30 s (with a progress
@@ -399,6 +400,11 @@ class Soak:
         if now - self.started >= self.args.mean_life_s:
             self.cards_steady.append(cards)
 
+    def partly_bound(self) -> list[str]:
+        """Gangs (not departing) that the last sample showed with some but not all members bound."""
+        with self.lock:
+            return [g.name for g in self.gangs.values() if not g.deleting and 0 < g.bound_now < g.size]
+
     def audit(self, label: str) -> dict[str, Any]:
         status, nodes = self.cp.api_request("GET", "/api/v1/nodes", timeout=20)
         status2, pods = self.cp.api_request("GET", "/api/v1/pods", timeout=20)
@@ -526,6 +532,10 @@ def main() -> int:
         soak.stop.set()
         sampler.join(30)
         soak.sample()
+        settle_until = time.monotonic() + args.partial_limit_s
+        while soak.partly_bound() and time.monotonic() < settle_until:
+            time.sleep(SAMPLE_PERIOD_S)  # a gang committing at the last sample: let it finish
+            soak.sample()
         elapsed = time.monotonic() - soak.started
         final_audit = soak.audit("end")
         metrics_end = metrics(ext.probe_url)
@@ -536,7 +546,10 @@ def main() -> int:
                 if g.full is None:
                     still_pending.append(g.name)
                 if 0 < g.bound_now < g.size:
-                    partial_end.append(f"{g.name}: {g.bound_now}/{g.size} bound")
+                    since = time.monotonic() - (g.first_bound or time.monotonic())
+                    partial_end.append(
+                        f"{g.name}: {g.bound_now}/{g.size} bound, {since:.0f} s after the first"
+                    )
                     soak.evidence.setdefault(
                         f"{g.name} at end", [member_state(p) for p in soak.last_members[g.name]]
                     )
