@@ -195,14 +195,15 @@ def place_all(
     names: Sequence[str],
     excluded: Mapping[str, str] | None = None,
     fixed: Iterable[allocations.PodAllocation] = (),
+    released: Iterable[allocations.PodAllocation] = (),
 ) -> list[allocations.PodAllocation] | Short:
     """Every pod placed on one working copy of ``snap`` (``names`` only), in ``pods`` order; or why not.
 
     Each pod is judged by its own cycle (its node and card policies, topology requirement and its
     namespace's quota) against the nodes as the pods before it left them, and goes to its node
     policy's best node whose cards its card rule accepts (``Cycle.first_placed``), as the filter
-    would choose for it alone. ``fixed`` allocations (members already at the barrier) are charged
-    first. Pure: the snapshot is not changed.
+    would choose for it alone. ``fixed`` allocations are charged first, and ``released`` ones
+    (holds the pods may take over) taken off. Pure: the snapshot is not changed.
     """
     excluded = excluded or {}
     usable = [n for n in names if n not in excluded and n in snap.nodes]
@@ -219,6 +220,12 @@ def place_all(
 
     for alloc in fixed:
         charge(alloc)
+    for alloc in released:
+        state = states.get(alloc.node)
+        if state is not None:
+            states[alloc.node] = allocations.apply(state, alloc, sign=-1)
+        if quota is not None:
+            quota = quota.plus(*(-x for x in allocations.charge_totals(allocations.card_reservation(alloc))))
     out: list[allocations.PodAllocation] = []
     for pod in pods:
         job = pod.job(profile.job_label)
@@ -408,11 +415,21 @@ class Gangs:
                 plan = None
         if plan is not None:
             slot = self._slot_for(plan, key, pod)
+            if slot is None and not plan.open:
+                slot = self._fit_in(plan, pod, snap, names, excluded)
             if slot is not None:
                 return self._answer(plan, slot, pod, names)
             if plan.open:
                 return NOT_GATED  # the quorum is there; a member beyond the plan binds as any pod
-            self._drop(plan, f"member {key} has no slot")
+            if not any(not s.member for s in plan.slots):
+                # A member beyond the minimum that does not fit beside the plan: the gang can
+                # still start without it; it waits (the plan is kept).
+                return Verdict(
+                    True,
+                    reason=status.GANG_UNSCHEDULABLE,
+                    message=f"gang {ref.key}: {key} does not fit beside its gang's plan",
+                )
+            self._drop(plan, f"member {key} fits no slot of the plan")
         need = self._needed(ref, spec, key)
         if need <= 0:
             return NOT_GATED
@@ -507,6 +524,39 @@ class Gangs:
                 self._rehold(slot, key, pod.uid)
                 return slot
         return None
+
+    def _fit_in(
+        self,
+        plan: _Plan,
+        pod: requests.PodRequest,
+        snap: view.Snapshot,
+        names: Sequence[str],
+        excluded: Mapping[str, str] | None,
+    ) -> _Slot | None:
+        """A slot for a member the plan has none of its shape for, keeping the plan; None: none.
+
+        The member takes over a slot no member has yet (held for a member not created when the
+        plan was made, with another shape): that slot's cards count as free for it. Without
+        such a slot (a member beyond the minimum) it gets a new slot where it fits beside the plan.
+        """
+        key = _key(pod)
+        spare = next((s for s in plan.slots if not s.member), None)
+        freed = () if spare is None else (spare.alloc,)
+        placed = place_all(self.profile, snap, [pod], names, excluded, released=freed)
+        if isinstance(placed, Short):
+            return None
+        alloc = placed[0]
+        with self.holder.lock:
+            if spare is not None:
+                self.holder.release(spare.hold)
+                spare.shape, spare.alloc = _shape(pod), alloc
+                slot = spare
+            else:
+                slot = _Slot(_shape(pod), alloc, key)
+                plan.slots.append(slot)
+            self.holder.nominate(key, pod.uid, alloc, math.inf)
+        slot.hold, slot.member, slot.uid = key, key, pod.uid
+        return slot
 
     def _rehold(self, slot: _Slot, key: str, uid: str) -> None:
         """Hold the slot's cards under the member's key and UID (its own ``assume`` takes them)."""
@@ -638,10 +688,22 @@ class Gangs:
                 self._drop(plan, f"member {key} went away")
 
     def gated(self, pod: requests.PodRequest) -> bool:
-        """True when the pod's bind goes through the barrier (it holds a slot of a live plan)."""
+        """True when the pod's bind must go through the barrier: its gang still waits for members.
+
+        That is every GPU member of a gang, unless its gang's plan is open and holds no slot for
+        it (a member beyond the quorum), or no plan holds and the gang's minimum is bound already.
+        A member whose plan went between its filter and its bind is gated too: the barrier then
+        refuses it (``arrive``) and its next filter plans again, so no member binds alone.
+        """
         ref = pod.gang
-        plan = self._plans.get(ref.key) if ref is not None else None
-        return plan is not None and any(s.member == _key(pod) for s in plan.slots)
+        if ref is None or not pod.wants_gpu:
+            return False
+        plan = self._plans.get(ref.key)
+        key = _key(pod)
+        if plan is not None:
+            return not plan.open or any(s.member == key for s in plan.slots)
+        spec = self.directory.spec(ref)
+        return spec is None or self._needed(ref, spec, key) > 0
 
     def held(self) -> int:
         """Plans holding cards now."""

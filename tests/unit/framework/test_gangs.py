@@ -216,3 +216,51 @@ def test_property_plans_are_all_or_nothing_and_never_overcommit(
             for i, u in enumerate(state.usage):
                 dev = state.inventory.devices[i]
                 assert u.memory_mib <= dev.memory_mib and u.slots <= dev.split_count
+
+
+def test_a_member_whose_plan_went_before_its_bind_is_still_gated_and_refused() -> None:
+    cache, plans, _ = world(b.node("a").gpus(2))
+    pods = [member(f"m{i}", minimum=2) for i in range(2)]
+    plans.admit(pods[0], cache.snapshot(), ["a"], NOW)
+    plans.abort("default/g", "test")  # gone between its filter and its bind
+    assert plans.gated(pods[0])
+    arrival = plans.arrive(pods[0], "a", NOW)
+    assert not arrival.open and "no plan holds" in arrival.error
+
+
+def test_members_of_a_met_gang_and_pods_without_gpus_are_not_gated() -> None:
+    cache, plans, _ = world(b.node("a").gpus(2))
+    ref = member("x", minimum=1).gang
+    plans.directory.pod(ref, gangs.Member("default/old", "u-old", member("old", minimum=1), node="a"))
+    assert not plans.gated(member("new", minimum=1))
+    assert plans.admit(member("new", minimum=1), cache.snapshot(), ["a"], NOW) == gangs.NOT_GATED
+    gpuless = msgspec.structs.replace(b.pod("cpu").no_gpu().obj(), gang=ref)
+    assert not plans.gated(gpuless)
+
+
+def test_a_member_of_another_shape_takes_over_a_slot_held_for_members_not_created_yet() -> None:
+    cache, plans, holds = world(b.node("a").gpus(3))
+    first = member("m0", minimum=3, memory=20000)
+    assert plans.admit(first, cache.snapshot(), ["a"], NOW).node == "a"  # three small slots held
+    big = member("big", minimum=3, count=2, memory=81920)  # two whole cards: a shape nobody planned
+    verdict = plans.admit(big, cache.snapshot(), ["a"], NOW)
+    # it fits only by taking a placeholder's cards: 3 cards, the plan keeps m0 and one small slot
+    assert verdict.node == "a", verdict.message
+    plan = plans.view("default/g", NOW)
+    assert plan is not None and plan.quorum == 3 and len(plan.slots) == 3
+    assert sorted(len(s.cards) for s in plan.slots) == [1, 1, 2]
+    (big_slot,) = [s for s in plan.slots if len(s.cards) == 2]
+    others = {c for s in plan.slots if s is not big_slot for c in s.cards}
+    assert len(set(big_slot.cards)) == 2 and not set(big_slot.cards) & others  # whole cards, alone
+    assert len(holds.nominations()) == 3
+
+
+def test_a_member_beyond_the_minimum_that_does_not_fit_waits_and_keeps_the_plan() -> None:
+    cache, plans, _ = world(b.node("a").gpus(2))
+    first = member("m0", minimum=2)
+    plans.admit(first, cache.snapshot(), ["a"], NOW)
+    plans.admit(member("m1", minimum=2), cache.snapshot(), ["a"], NOW)
+    extra = plans.admit(member("m2", minimum=2), cache.snapshot(), ["a"], NOW)
+    assert extra.node is None and extra.reason == status.GANG_UNSCHEDULABLE
+    plan = plans.view("default/g", NOW)
+    assert plan is not None and len(plan.slots) == 2
