@@ -266,6 +266,26 @@ def head_lines(doc: explain.Explanation) -> list[str]:
             )
         ]
         lines.append(f"  namespace quota: {', '.join(parts)}")
+    lines += gang_lines(doc.gang)
+    return lines
+
+
+def gang_lines(gang: explain.Gang | None) -> list[str]:
+    """The pod's gang (docs/gangs.md): its plan's slots and who waits at the barrier."""
+    if gang is None:
+        return []
+    minimum = str(gang.minimum) if gang.minimum else "unknown (its group object was not seen)"
+    lines = [f"  gang {gang.gang} ({gang.source}), minimum {minimum}"]
+    if gang.note:
+        lines.append(f"    {gang.note}")
+    plan = gang.plan
+    if plan is None:
+        lines.append("    no plan holds cards for it now")
+        return lines
+    state = "open: members commit" if plan.open else f"{plan.arrived}/{plan.quorum} at the barrier"
+    lines.append(f"    plan: {state}, released in {plan.expires_in_s:g} s unless the gang binds")
+    for slot in plan.slots:
+        lines.append(f"    {slot.member}: {slot.state} on {slot.node} ({', '.join(slot.cards)})")
     return lines
 
 

@@ -12,7 +12,7 @@ from gpuslice import explaincli
 from gpuslice.cache import cache as caches
 from gpuslice.extender import holdings, parsing
 from gpuslice.extender.http import app as apps
-from gpuslice.framework import explain, profile
+from gpuslice.framework import explain, gangs, profile
 from gpuslice.kube import objects
 from gpuslice.model import nodes, requests, status
 from gpuslice.policy import quota as quotas
@@ -154,3 +154,27 @@ def test_route_answers_an_invalid_request_with_the_parsers_words(
     deps.read_pod = read
     r = c.get("/explain", params={"pod": "team/bad"})
     assert (r.status_code, r.text) == (422, f"pod team/bad: invalid GPU request: {parsed.message}")
+
+
+def test_the_cli_shows_a_gang_plan_and_who_waits() -> None:
+    plan = gangs.PlanView(
+        gang="ml/train",
+        source="annotation",
+        quorum=3,
+        arrived=2,
+        open=False,
+        expires_in_s=41.0,
+        slots=(
+            gangs.SlotView("ml/a", "n1", ("GPU-1",), "waiting"),
+            gangs.SlotView("ml/b", "n1", ("GPU-2",), "waiting"),
+            gangs.SlotView("(not created yet)", "n2", ("GPU-3",), "planned"),
+        ),
+    )
+    gang = explain.Gang(gang="ml/train", source="annotation", minimum=3, plan=plan, waiting=("ml/a", "ml/b"))
+    lines = explaincli.gang_lines(gang)
+    assert lines[0] == "  gang ml/train (annotation), minimum 3"
+    assert "2/3 at the barrier" in lines[1]
+    assert lines[-1] == "    (not created yet): planned on n2 (GPU-3)"
+    assert explaincli.gang_lines(None) == []
+    missing = explaincli.gang_lines(explain.Gang(gang="ml/x", source="pod-group", minimum=0))
+    assert "unknown" in missing[0] and missing[-1] == "    no plan holds cards for it now"
