@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
+from gpuslice.cache import snapshot as snapshots
 from gpuslice.framework import cycle as cycles
 from gpuslice.framework import nominations, view
 from gpuslice.framework import profile as profiles
@@ -44,6 +45,10 @@ from gpuslice.policy import api
 
 DEFAULT_TTL_S = 60.0
 """How long a plan waits for its members when neither the pod nor its group says."""
+
+STARVING_S = 30.0
+"""A gang refused this long is the head of the line: no other gang's plan may take the room it needs
+(``Gangs._behind``)."""
 
 _PAD = "#"
 """Separates a gang key from a slot number in the key holding a slot no member has yet."""
@@ -298,12 +303,15 @@ class Verdict(msgspec.Struct, frozen=True):
         node: the node its slot holds (None: refused, see ``reason``).
         reason: the refusal's status code.
         message: what the pod's event says.
+        planned: this filter made the plan: the gang's other members kube-scheduler set aside as
+            unschedulable should be tried again now (``extender.binding.requeue``).
     """
 
     gated: bool
     node: str | None = None
     reason: str = ""
     message: str = ""
+    planned: bool = False
 
 
 NOT_GATED = Verdict(False)
@@ -378,6 +386,11 @@ class Gangs:
         self._plans: dict[str, _Plan] = {}
         self._ids = 0
         self._why: dict[int, str] = {}  # plan id -> why it was released (the last 1024)
+        self._refused_since: dict[str, tuple[float, requests.PodRequest, int]] = {}
+        """Gang -> (first refusal, a member's request, members needed), while it is refused."""
+        self._fits_empty: dict[tuple[str, int], bool] = {}  # (gang, members) -> fits an empty cluster
+        self._refusals: dict[str, tuple[tuple[int, int, int, tuple[str, ...]], Verdict]] = {}
+        """Gang -> (snapshot generation, members needed, members known, nodes) and the refusal then."""
         self.planned = 0
         """Plans made (metrics)."""
         self.refused = 0
@@ -433,19 +446,36 @@ class Gangs:
         need = self._needed(ref, spec, key)
         if need <= 0:
             return NOT_GATED
+        memo_key = (view.generation(snap), need, len(self.directory.members(ref.key)), tuple(names))
+        last = self._refusals.get(ref.key)
+        if last is not None and last[0] == memo_key:
+            self.refused += 1
+            return last[1]  # nothing changed since the same plan was refused: refused again
         made = self._plan(pod, ref, spec, need, snap, names, now, excluded)
+        if isinstance(made, str):  # it fits, but would take the room of a gang refused for long
+            self.refused += 1
+            self._refused_since.setdefault(ref.key, (now, pod, need))  # it ages in the line too
+            return Verdict(True, reason=status.GANG_UNSCHEDULABLE, message=f"gang {ref.key}: {made}")
         if isinstance(made, Short):
             self.refused += 1
-            return Verdict(
+            first = self._refused_since.get(ref.key, (now, pod, need))[0]
+            self._refused_since[ref.key] = (first, pod, need)
+            refusal = Verdict(
                 True,
                 reason=status.GANG_UNSCHEDULABLE,
                 message=f"gang {ref.key} (minimum {spec.min_member}): {made.describe()}",
             )
+            self._refusals[ref.key] = (memo_key, refusal)
+            if len(self._refusals) > 4096:
+                del self._refusals[next(iter(self._refusals))]
+            return refusal
+        self._refusals.pop(ref.key, None)
+        self._refused_since.pop(ref.key, None)
         slot = self._slot_for(made, key, pod)
         if slot is None:  # cannot happen: the plan was made with a slot for this pod
             self._drop(made, "no slot for the planning member")
             return Verdict(True, reason=status.GANG_UNSCHEDULABLE, message=f"gang {ref.key}: no slot")
-        return self._answer(made, slot, pod, names)
+        return msgspec.structs.replace(self._answer(made, slot, pod, names), planned=True)
 
     def _answer(self, plan: _Plan, slot: _Slot, pod: requests.PodRequest, names: Sequence[str]) -> Verdict:
         node = slot.alloc.node
@@ -478,8 +508,12 @@ class Gangs:
         names: Sequence[str],
         now: float,
         excluded: Mapping[str, str] | None,
-    ) -> _Plan | Short:
-        """Place the pending members (at least ``need``, padded with ``pod``'s shape) and hold them."""
+    ) -> _Plan | Short | str:
+        """Place the pending members (at least ``need``, padded with ``pod``'s shape) and hold them.
+
+        A ``Short`` when they do not fit; a sentence when they fit but would take the room of the
+        gang at the head of the line (``_behind``).
+        """
         key = _key(pod)
         known = [
             (m.key, m.uid, m.request)
@@ -499,6 +533,9 @@ class Gangs:
                 break
         if isinstance(result, Short):
             return result
+        behind = self._behind(ref.key, [m[2] for m in order], snap, names, now, excluded)
+        if behind:
+            return behind
         ttl = float(ref.timeout_s or spec.timeout_s or self.default_ttl_s)
         self._ids += 1
         plan = _Plan(ref, need, [], tuple(names), now, now + ttl, ttl, id=self._ids)
@@ -510,6 +547,63 @@ class Gangs:
         self._plans[ref.key] = plan
         self.planned += 1
         return plan
+
+    def _behind(
+        self,
+        gang: str,
+        pods: Sequence[requests.PodRequest],
+        snap: view.Snapshot,
+        names: Sequence[str],
+        now: float,
+        excluded: Mapping[str, str] | None,
+    ) -> str:
+        """Why ``gang`` must wait behind the head of the line ('' when it need not).
+
+        Gangs that arrive later, or ask less, fit into freed room sooner; without a rule a large
+        gang can wait for ever while smaller ones keep taking what frees. The gang refused for the
+        longest, once refused for ``STARVING_S`` and able to fit an empty cluster, is the head of
+        the line: another gang is planned only when both fit together now, so the room that frees
+        goes to the head first (a reservation without runtimes, as EASY backfilling keeps one for
+        the first queued job). Pods outside gangs are not held back.
+        """
+        head = self._head(gang, now, snap)
+        if head is None:
+            return ""
+        key, (first, shape, need) = head
+        together = place_all(self.profile, snap, [*([shape] * need), *pods], names, excluded)
+        if not isinstance(together, Short):
+            return ""
+        return f"waits behind gang {key}, refused for {now - first:.0f} s: both do not fit together"
+
+    def _head(
+        self, gang: str, now: float, snap: view.Snapshot
+    ) -> tuple[str, tuple[float, requests.PodRequest, int]] | None:
+        """The oldest refused gang (not ``gang``) past ``STARVING_S`` that still waits and can fit."""
+        for key, entry in sorted(self._refused_since.items(), key=lambda kv: kv[1][0]):
+            first, shape, need = entry
+            if now - first < STARVING_S:
+                return None  # the oldest is not starving yet, so none is
+            if key == gang:
+                return None  # the gang itself is the oldest waiting: nobody is ahead of it
+            if not any(not m.node for m in self.directory.members(key)) or key in self._plans:
+                del self._refused_since[key]  # it left, or it is planned: no longer waiting
+                continue
+            if not self.fits_empty(key, [shape] * need, snap):
+                continue  # it can never fit: it holds nobody back
+            return key, entry
+        return None
+
+    def fits_empty(self, gang: str, pods: Sequence[requests.PodRequest], snap: view.Snapshot) -> bool:
+        """Whether ``pods`` fit the snapshot's nodes with nothing on them (cached per gang and size)."""
+        cache_key = (gang, len(pods))
+        known = self._fits_empty.get(cache_key)
+        if known is None:
+            empty = snapshots.from_states([nodes.empty_state(st.inventory) for st in snap.nodes.values()])
+            known = not isinstance(place_all(self.profile, empty, pods, sorted(empty.nodes)), Short)
+            if len(self._fits_empty) > 4096:
+                self._fits_empty.clear()
+            self._fits_empty[cache_key] = known
+        return known
 
     def _slot_for(self, plan: _Plan, key: str, pod: requests.PodRequest) -> _Slot | None:
         """The member's slot: the one it has, or a free one of its shape (taken over now)."""
@@ -683,6 +777,9 @@ class Gangs:
 
     def member_gone(self, key: str) -> None:
         """A member's pod went away: a plan it held a slot in, not yet open, is given up."""
+        gang = self.directory.gang_of(key)
+        if gang is not None and not any(not m.node and m.key != key for m in self.directory.members(gang)):
+            self._refused_since.pop(gang, None)
         for plan in list(self._plans.values()):
             if not plan.open and any(s.member == key and not s.bound for s in plan.slots):
                 self._drop(plan, f"member {key} went away")

@@ -264,3 +264,39 @@ def test_a_member_beyond_the_minimum_that_does_not_fit_waits_and_keeps_the_plan(
     assert extra.node is None and extra.reason == status.GANG_UNSCHEDULABLE
     plan = plans.view("default/g", NOW)
     assert plan is not None and len(plan.slots) == 2
+
+
+def pending_member(plans: gangs.Gangs, pod: requests.PodRequest) -> None:
+    """The pod watch shows the member pending."""
+    plans.directory.pod(pod.gang, gangs.Member(f"default/{pod.name}", pod.uid, pod))
+
+
+def test_a_gang_refused_for_long_is_not_overtaken_by_later_gangs() -> None:
+    cache, plans, _ = world(b.node("a").gpus(2), b.node("b").gpus(2))
+    fakes.charge(cache, "default/solo", "a", (0, 81920, 100))  # one card busy: three free
+    big = member("big0", "big", 4)
+    pending_member(plans, big)
+    assert plans.admit(big, cache.snapshot(), names(cache), NOW).node is None  # 4 > 3 free
+    small = member("s0", "small", 2)
+    pending_member(plans, small)
+    # not starving yet: the small gang goes first (backfill)
+    early = plans.admit(small, cache.snapshot(), names(cache), NOW + 10)
+    assert early.node is not None
+    plans.abort("default/small", "test")
+    # past STARVING_S the big gang is the head of the line: the small one fits alone, but not
+    # together with it, so it waits
+    late = plans.admit(small, cache.snapshot(), names(cache), NOW + gangs.STARVING_S + 1)
+    assert late.node is None and "waits behind gang default/big" in late.message
+    cache.remove_pod("default/solo")  # room frees: it goes to the head
+    assert plans.admit(big, cache.snapshot(), names(cache), NOW + 40).node is not None
+    assert plans.admit(small, cache.snapshot(), names(cache), NOW + 41).node is None  # no room left
+
+
+def test_a_gang_that_cannot_fit_an_empty_cluster_holds_nobody_back() -> None:
+    cache, plans, _ = world(b.node("a").gpus(2), b.node("b").gpus(2))
+    huge = member("h0", "huge", 5)
+    pending_member(plans, huge)
+    assert plans.admit(huge, cache.snapshot(), names(cache), NOW).node is None
+    small = member("s0", "small", 2)
+    pending_member(plans, small)
+    assert plans.admit(small, cache.snapshot(), names(cache), NOW + 100).node is not None

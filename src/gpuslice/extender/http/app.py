@@ -499,6 +499,11 @@ class Handlers:
                 outcome = scheduling.reject_all(names, verdict.reason)
             else:
                 outcome = scheduling.planned(names, verdict.node, status.GANG_PLANNED_ELSEWHERE)
+                if verdict.planned:
+                    # Members refused before this plan wait in kube-scheduler's unschedulable
+                    # queue for a cluster event; the requeue nudge gives them one, so they reach
+                    # the barrier before it gives up.
+                    deps.flow.capacity_freed(verdict.node)
         else:
             cyc = cycles.Cycle.of(deps.profile, snap, pod)
             outcome = scheduling.filter_nodes(cyc, names, self.log, deps.invalid_nodes, deps.excluded, busy)
