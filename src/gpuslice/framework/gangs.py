@@ -724,6 +724,17 @@ class Gangs:
             return Arrival(False, f"gang {gang}: {why}", plan_id)
         return Arrival(plan.open, plan=plan_id)
 
+    def waiting_note(self, gang: str, waited_s: float) -> str:
+        """Why a member's bind gives up at the barrier while its plan holds: who is still missing."""
+        plan = self._plans.get(gang)
+        if plan is None:
+            return f"gang {gang}: the plan was released"
+        arrived = sum(1 for s in plan.slots if s.arrived or s.bound)
+        return (
+            f"gang {gang}: {arrived} of {plan.quorum} members have come to bind after {waited_s:g}s; "
+            "the plan keeps their cards, retry"
+        )
+
     def abort(self, gang: str, why: str) -> None:
         """Give the plan up (the barrier waited too long): every hold goes, every waiting bind fails."""
         plan = self._plans.get(gang)

@@ -3,10 +3,12 @@
 kube-scheduler runs each pod's binding cycle in a goroutine of its own, so a bind call held here
 does not stop it scheduling other pods. A member's bind that arrives before its plan's quorum
 waits, at most ``wait_s`` (kept below kube-scheduler's ``httpTimeout`` with room for the commit,
-``BindFlow``). The last member to arrive opens the barrier and every waiting bind goes on to
-commit at once; a bind that waits too long gives the plan up (``Gangs.abort``): every hold goes,
-every waiting bind of the gang fails with the reason, and kube-scheduler retries them (their next
-filter plans the gang again). So no member is bound unless the quorum was at bind together.
+``BindFlow``). The member whose arrival makes the quorum opens the barrier and every waiting bind
+goes on to commit at once. A bind that waits too long fails (kube-scheduler retries it), but the
+member stays counted as arrived and the plan keeps its cards: members that kube-scheduler brings
+back at different times (a long queue, backoffs) still add up to the quorum, and those not at
+bind when it opens commit as soon as they are retried. A plan whose members stop coming is
+released when it expires (``Gangs.expire``). So no member is bound before the quorum has arrived.
 
 The plan itself (``framework.gangs.Gangs``) is pure; this module only adds the waiting.
 """
@@ -75,10 +77,13 @@ class Barrier:
             while True:
                 left = until - self.monotonic()
                 if left <= 0:
-                    self.gangs.abort(ref.key, f"the barrier waited {self.wait_s:g}s for the quorum")
-                    self.wake(ref.key)
+                    # This bind gives up, the plan does not: the member stays counted as arrived,
+                    # so once the quorum has arrived the plan opens and this member, retried by
+                    # kube-scheduler, commits at once.
                     state = self.gangs.state(ref.key, arrival.plan)
-                    return state.error or f"gang {ref.key}: the quorum did not come"
+                    if state.error:
+                        return state.error
+                    return self.gangs.waiting_note(ref.key, self.wait_s)
                 event = self._events.setdefault(ref.key, asyncio.Event())
                 try:
                     await asyncio.wait_for(event.wait(), left)
