@@ -32,6 +32,19 @@ UNFIT = -1
 """The internal score of a node the pod does not fit."""
 
 
+def context_of(profile: profiles.Profile, snap: view.Snapshot, pod: requests.PodRequest) -> api.Context:
+    """The policy context of ``pod`` on a cache snapshot, read now (``Cycle.of``; gang plans)."""
+    job = pod.job(profile.job_label)
+    return api.Context(
+        workload=view.workload(snap),
+        capacity=view.capacity(snap),
+        now=profile.now(),
+        telemetry_max_age_s=profile.telemetry_max_age_s,
+        job=job,
+        job_nodes=view.job_nodes(snap, job),
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Cycle:
     """One pod judged by one profile against one view of the cluster (module docstring).
@@ -59,15 +72,7 @@ class Cycle:
     @classmethod
     def of(cls, profile: profiles.Profile, snap: view.Snapshot, pod: requests.PodRequest) -> Cycle:
         """The cycle of ``pod`` on a cache snapshot (the extender's every verb)."""
-        job = pod.job(profile.job_label)
-        ctx = api.Context(
-            workload=view.workload(snap),
-            capacity=view.capacity(snap),
-            now=profile.now(),
-            telemetry_max_age_s=profile.telemetry_max_age_s,
-            job=job,
-            job_nodes=view.job_nodes(snap, job),
-        )
+        ctx = context_of(profile, snap, pod)
         return cls.detached(
             profile, pod, ctx, snap.nodes, view.columns(snap), view.quota(snap, pod.namespace)
         )

@@ -41,7 +41,6 @@ from gpuslice.framework import cycle as cycles
 from gpuslice.framework import nominations, view
 from gpuslice.framework import profile as profiles
 from gpuslice.model import allocations, gangs, nodes, requests, status
-from gpuslice.policy import api
 
 DEFAULT_TTL_S = 60.0
 """How long a plan waits for its members when neither the pod nor its group says."""
@@ -233,15 +232,7 @@ def place_all(
             quota = quota.plus(*(-x for x in allocations.charge_totals(allocations.card_reservation(alloc))))
     out: list[allocations.PodAllocation] = []
     for pod in pods:
-        job = pod.job(profile.job_label)
-        ctx = api.Context(
-            workload=view.workload(snap),
-            capacity=view.capacity(snap),
-            now=profile.now(),
-            telemetry_max_age_s=profile.telemetry_max_age_s,
-            job=job,
-            job_nodes=view.job_nodes(snap, job),
-        )
+        ctx = cycles.context_of(profile, snap, pod)
         cyc = cycles.Cycle.detached(profile, pod, ctx, states, None, quota)
         ev = cyc.evaluate(usable)
         idx = [i for i, ok in enumerate(ev.feasible.tolist()) if ok]
