@@ -81,9 +81,6 @@ class GangFeed:
         self.log = log
         self.metrics = metrics_
         self.clock = clock
-        self.served: dict[str, bool] = {}
-        """Source -> whether the apiserver serves its group object (as last looked up)."""
-        self.informers: dict[str, informer.Informer[objects.GroupObject]] = {}
 
     # ----- pods
 
@@ -156,14 +153,11 @@ class GangFeed:
                     break
             except kerrors.ApiError as err:
                 self.log.v(2, "gang API lookup failed", api=path, err=str(err))
-            self.served[source] = False
             await asyncio.sleep(DISCOVERY_PERIOD_S)
-        self.served[source] = True
         self.log.info("watching gang group objects", api=f"{path}/{resource}")
         inf = informer.Informer(
             self.kube, kinds.group_kind(f"{source}s", f"{path}/{resource}"), self._on_group(source)
         )
-        self.informers[source] = inf
         await inf.run()
 
     async def _expire(self) -> None:

@@ -837,8 +837,3 @@ def _group_kind(ref: gangs.GangRef) -> str:
     if ref.source == gangs.SOURCE_WORKLOAD:
         return "Workload"
     return "PodGroup"
-
-
-def describe_held(plans: Iterable[PlanView]) -> str:
-    """``gang a/b: 3/4 at the barrier`` per plan, for logs."""
-    return "; ".join(f"gang {p.gang}: {p.arrived}/{p.quorum} at the barrier" for p in plans)
