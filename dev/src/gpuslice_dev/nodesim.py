@@ -7,7 +7,10 @@ serves and, for each pod in ``hami.io/bind-phase: allocating``, does what the de
 
 1. serve only the pod the node lock names (HAMi PR #3095); anything else waits;
 2. blank every container entry of ``hami.io/vgpu-devices-to-allocate`` (``a:;b:;`` -> ``;;``)
-   and set ``hami.io/bind-phase: success``;
+   and set ``hami.io/bind-phase: success``; a pod holding MIG instances
+   (``hami.io/vgpu-mig-allocations``) gets every record's ``migUUID``, ``gpuInstanceID`` and
+   ``computeInstanceID`` in the same patch (HAMi's ``annotateMigRuntimeInfo``, ``migsim``); a
+   value that does not decode fails the ``Allocate``, as in HAMi;
 3. release the node lock (owner-checked, compare-and-swap);
 4. mark the pod Running through ``pods/status``.
 
@@ -40,15 +43,17 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
-from gpuslice.codec import handshake, keys, registrations
+from gpuslice.codec import errors as codec_errors
+from gpuslice.codec import handshake, keys, node_inventory, registrations
 from gpuslice.codec import locks as lockcodec
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors, informer, kinds, locks, objects, pods
-from gpuslice.model import devices
+from gpuslice.model import devices, mig
+from gpuslice_dev import migsim
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,8 @@ def cards(
     cores: int = devices.FULL_CORES,
     numa: Sequence[int] | None = None,
     numa_nodes: int = 1,
+    mig_cards: Collection[int] = (),
+    mig_profiles: Sequence[mig.Profile] = migsim.A100_40GB,
 ) -> tuple[devices.GpuDevice, ...]:
     """The registered cards of a fake node.
 
@@ -86,9 +93,12 @@ def cards(
         numa: NUMA node per card; by default cards are spread evenly over ``numa_nodes`` nodes in
             index order (8 cards, 2 NUMA nodes: 0,0,0,0,1,1,1,1).
         numa_nodes: NUMA nodes when ``numa`` is not given.
+        mig_cards: indexes of the cards in MIG mode (``migsim.mig_card``: ``mig_profiles``,
+            100 cores, count = the largest instance count); the others are ``hami-core``.
+        mig_profiles: the GPU-instance profiles of the MIG cards.
     """
     layout = list(numa) if numa is not None else [i * numa_nodes // max(1, count) for i in range(count)]
-    return tuple(
+    out = tuple(
         devices.GpuDevice(
             uuid=u,
             index=i,
@@ -100,6 +110,7 @@ def cards(
         )
         for i, u in enumerate(card_uuids(node, count))
     )
+    return tuple(migsim.mig_card(c, mig_profiles) if c.index in mig_cards else c for c in out)
 
 
 async def make_node(
@@ -119,10 +130,13 @@ async def make_node(
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
     taints: Sequence[Mapping[str, str]] = (),
+    mig_cards: Collection[int] = (),
+    mig_profiles: Sequence[mig.Profile] = migsim.A100_40GB,
 ) -> objects.Node:
     """Create a fake GPU node: registration annotation, labels, capacity through ``/status``.
 
-    ``nvidia.com/gpu`` capacity is cards x split count, as HAMi's device plugin advertises it.
+    ``nvidia.com/gpu`` capacity is the sum of the cards' counts (cards x split count without MIG
+    cards), as HAMi's device plugin advertises it. ``mig_cards`` and ``mig_profiles``: see ``cards``.
     Extra ``annotations`` override the generated ones (e.g. a malformed registration). ``taints``
     (``{"key", "value", "effect"}``) are set when the node is created, so no pod without the
     matching toleration lands on it (a test's own node in a shared cluster).
@@ -136,6 +150,8 @@ async def make_node(
         cores=cores,
         numa=numa,
         numa_nodes=numa_nodes,
+        mig_cards=mig_cards,
+        mig_profiles=mig_profiles,
     )
     meta = {
         "name": name,
@@ -146,7 +162,12 @@ async def make_node(
     if taints:
         body["spec"] = {"taints": [dict(t) for t in taints]}
     await kube.request("POST", "/api/v1/nodes", body=body)
-    resources = {"cpu": cpu, "memory": memory, "pods": max_pods, "nvidia.com/gpu": str(count * split_count)}
+    resources = {
+        "cpu": cpu,
+        "memory": memory,
+        "pods": max_pods,
+        "nvidia.com/gpu": str(sum(c.split_count for c in registered)),
+    }
     resp = await kube.request(
         "PATCH",
         f"/api/v1/nodes/{name}/status",
@@ -182,6 +203,26 @@ def go_time_string(wall_ns: int, monotonic_ns: int | None = None) -> str:
 def reported_value(wall_ns: int, monotonic_ns: int | None = None) -> str:
     """The handshake value HAMi's device plugin (<= v2.7) writes: ``Reported <Go time>``."""
     return f"{handshake.REPORTED} {go_time_string(wall_ns, monotonic_ns)}"
+
+
+def mig_runtime(pod: objects.Pod, node: objects.Node) -> str | None:
+    """The pod's ``hami.io/vgpu-mig-allocations`` with every instance's runtime identity, or None.
+
+    None when the pod holds no MIG instance or every record already has its identity. The card's
+    memory slices come from the node's registration (8 when it does not decode or lacks the card).
+
+    Raises:
+        codec.errors.DecodeError: the pod's value does not decode.
+    """
+    value = pod.metadata.annotations.get(keys.MIG_ALLOCATIONS, "")
+    if not value:
+        return None
+    try:
+        registered = node_inventory.decode_node(node.metadata.name, node.metadata.annotations).devices
+    except codec_errors.DecodeError:
+        registered = ()
+    slices = migsim.card_slices(registered)
+    return migsim.realised_value(value, lambda u: slices.get(u, migsim.A100_40GB_SLICES))
 
 
 def blank_entries(value: str) -> str:
@@ -373,6 +414,13 @@ class NodeSim:
             log.info("nodesim: %s on %s: the node lock names %r, not this pod", pod.key, node, lock)
             return False
         failed = self.fail is not None and self.fail(pod)
+        realised: str | None = None
+        if not failed:
+            try:
+                realised = mig_runtime(pod, current)
+            except codec_errors.DecodeError as exc:
+                log.warning("nodesim: %s: %s; Allocate fails", pod.key, exc)
+                failed = True
         if failed:
             phase = {keys.BIND_PHASE: keys.BIND_PHASE_FAILED}
         else:
@@ -381,6 +429,8 @@ class NodeSim:
                 keys.DEVICES_TO_ALLOCATE: blank_entries(to_allocate),
                 keys.BIND_PHASE: keys.BIND_PHASE_SUCCESS,
             }
+            if realised is not None:
+                phase[keys.MIG_ALLOCATIONS] = realised
         try:
             await pods.patch_annotations(
                 self.kube,

@@ -8,15 +8,20 @@ request of kubelet's ``AllocateRequest``:
    its container looked up (init containers first), and its card count must equal the number of
    device IDs kubelet passed, else ``device number not matched``; with ``align_to_kubelet`` (HAMi's
    ``enableGetPreferredAllocation``) the cards are those kubelet picked, otherwise the annotation's;
-3. the container's answer is built (``responses``) after its shared-cache dir is made.
+3. the container's answer is built (``responses``) after its shared-cache dir is made; a container
+   holding MIG instances (``hami.io/vgpu-mig-allocations``) gets them instead: its instances are
+   created, which gives each record its ``migUUID``, ``gpuInstanceID`` and ``computeInstanceID``
+   (``gpuslice_dev.migsim``), and it sees those MIG devices without HAMi-core (HAMi's MIG mode,
+   ``annotateMigRuntimeInfo`` and ``getAllocateResponse``).
 
 Then the remaining value is written back in one merge patch, compare-and-swap on the pod's
 ``resourceVersion`` and UID (a conflict re-reads the pod and starts over); when no ``NVIDIA`` entry
 is left the same patch sets ``hami.io/bind-phase: success`` (HAMi patches it separately, after
-re-reading the pod), and the node lock is released, owner-checked and compare-and-swap
-(``kube.locks.release``). Any failure after the pod was found sets ``bind-phase: failed`` and
-releases the lock (HAMi's ``PodAllocationFailed``), and kubelet gets the error, rejecting the
-pod with ``UnexpectedAdmissionError``.
+re-reading the pod); the records realised by this call go into the same patch (HAMi: a patch of
+their own, also compare-and-swap on the ``resourceVersion``), and the node lock is released,
+owner-checked and compare-and-swap (``kube.locks.release``). Any failure after the pod was found
+sets ``bind-phase: failed`` and releases the lock (HAMi's ``PodAllocationFailed``), and kubelet
+gets the error, rejecting the pod with ``UnexpectedAdmissionError``.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ import uuid
 from collections.abc import Callable
 
 from gpuslice.codec import errors as codec_errors
-from gpuslice.codec import keys
+from gpuslice.codec import keys, mig_allocations
 from gpuslice.kube import client as kclient
 from gpuslice.kube import errors, locks, pods
 from gpuslice.model import allocations
+from gpuslice_dev import migsim
 from gpuslice_dev.deviceplugin import entries, hostdirs, inventory, pending, podview, responses
 from gpuslice_dev.deviceplugin.v1beta1 import api_pb2
 
@@ -74,6 +80,7 @@ class Settings:
 class _Planned:
     container: responses.Container
     remaining: str
+    position: int
 
 
 class Allocator:
@@ -131,10 +138,13 @@ class Allocator:
         meta = pod.metadata
         for _ in range(CAS_ATTEMPTS):
             planned = self._plan(pod, request)
+            realised = self._realise(pod, planned)
             answers = [self._answer(p.container) for p in planned]
             remaining = planned[-1].remaining
             done = not entries.has_pending(remaining)
             patch = {keys.DEVICES_TO_ALLOCATE: remaining}
+            if realised is not None:
+                patch[keys.MIG_ALLOCATIONS] = mig_allocations.encode(realised)
             if done:
                 patch[keys.BIND_PHASE] = keys.BIND_PHASE_SUCCESS
             try:
@@ -205,13 +215,48 @@ class Allocator:
                         control_disabled=podview.control_disabled(container),
                     ),
                     remaining=popped.remaining,
+                    position=popped.position,
                 )
             )
             value = popped.remaining
         return planned
 
+    def _realise(self, pod: podview.Pod, planned: list[_Planned]) -> list[mig_allocations.Record] | None:
+        """Create the served containers' MIG instances: the records with their runtime identity.
+
+        Each planned container gets the MIG UUIDs of its records (in device order); None when
+        nothing changes. Raises ``_Failure`` when the annotation does not decode, or names a card
+        of a served container that this node does not have.
+        """
+        value = pod.annotations.get(keys.MIG_ALLOCATIONS, "")
+        if not value:
+            return None
+        try:
+            records = mig_allocations.decode(value)
+        except codec_errors.DecodeError as exc:
+            raise _Failure(f"record MIG runtime placement: {exc}") from None
+        cards = self._cards().by_uuid()
+        slices = migsim.card_slices([c.registered for c in cards.values()])
+        served = {p.position for p in planned}
+        for r in records:
+            if r.container in served and r.gpu_uuid not in cards:
+                raise _Failure(f"resolve MIG parent GPU {r.gpu_uuid!r}")
+        done = migsim.realise(records, lambda u: slices.get(u, migsim.A100_40GB_SLICES), served)
+        for k, p in enumerate(planned):
+            mine = sorted((r for r in done if r.container == p.position), key=lambda r: r.device)
+            if mine:
+                planned[k] = dataclasses.replace(
+                    p, container=dataclasses.replace(p.container, mig_uuids=tuple(r.mig_uuid for r in mine))
+                )
+        return None if done == records else done
+
     def _answer(self, container: responses.Container) -> api_pb2.ContainerAllocateResponse:
         paths = self.settings.paths
+        if container.mig_uuids:  # HAMi's MIG mode: no HAMi-core, so no shared-cache dir
+            index_of = {uuid_: card.index for uuid_, card in self._cards().by_uuid().items()}
+            return responses.container_response(
+                container, self.settings.options, paths, index_of, "", hostdirs.exists
+            )
         try:
             hostdirs.prepare_container(paths, container.pod_uid, container.name)
         except OSError as exc:

@@ -22,6 +22,10 @@ devices (``apiDeviceSpecs``, HAMi's ``PASS_DEVICE_SPECS=true``)
     ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``, ``/dev/nvidia-modeset``,
     each only when present on the host, then ``/dev/nvidia<index>`` per card; permissions ``rw``.
 
+A container holding MIG instances (HAMi's MIG mode) gets ``NVIDIA_VISIBLE_DEVICES`` naming its MIG
+devices by MIG UUID and nothing of HAMi-core: no limits, no mounts (``Allocate`` skips them when the
+operating mode is ``mig``); its device nodes are the control devices and its parent cards'.
+
 HAMi's hook path is one directory seen alike by the plugin and the host (``/usr/local``, so
 ``/usr/local/vgpu``). gpuslice splits it: ``hami_dir`` is the host directory (what the chart
 mounts at ``/usr/local/vgpu``) and ``hook_path`` the prefix containers see.
@@ -97,16 +101,20 @@ class Container:
         name: the container's name.
         grants: its cards, in annotation order.
         control_disabled: the container sets ``CUDA_DISABLE_CONTROL`` true.
+        mig_uuids: the MIG devices it was given, in device order (empty: HAMi-core shares).
     """
 
     pod_uid: str
     name: str
     grants: allocations.ContainerAllocation
     control_disabled: bool = False
+    mig_uuids: tuple[str, ...] = ()
 
 
 def envs(c: Container, options: Options, paths: Paths, cache_id: str) -> dict[str, str]:
     """The container's env (see the module docstring)."""
+    if c.mig_uuids:
+        return {"NVIDIA_VISIBLE_DEVICES": ",".join(c.mig_uuids)}
     uuids = list(dict.fromkeys(g.uuid for g in c.grants))
     out = {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids)}
     for i, grant in enumerate(c.grants):
@@ -124,6 +132,8 @@ def envs(c: Container, options: Options, paths: Paths, cache_id: str) -> dict[st
 
 def mounts(c: Container, paths: Paths, exists: Callable[[str], bool]) -> list[api_pb2.Mount]:
     """The container's mounts (see the module docstring)."""
+    if c.mig_uuids:
+        return []
     vgpu = paths.container_vgpu
     out = [
         api_pb2.Mount(
