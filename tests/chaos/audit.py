@@ -15,6 +15,9 @@ containers' charge only), against the cards each node registered
 - grants of cards the pod's node did not register;
 - phantom reservations: unbound pods still carrying ``vgpu-node`` or device annotations;
 - node locks (``hami.io/mutex.lock``) still held;
+- MIG instances (``tests.e2e.migaudit``, HAMi's formats read without gpuslice's codec): two held
+  instances of one card that overlap, a placement its card's registered profiles do not allow,
+  a record past ``Allocate`` without its runtime identity, a grant that differs from its profile;
 - optionally, every difference between the extender's per-card gauges (``/metrics``:
   ``hami_gpu_memory_allocated_bytes``, ``hami_gpu_core_allocated_ratio``,
   ``hami_gpu_shared_count``) and the usage derived from the API.
@@ -39,6 +42,7 @@ from gpuslice.codec import keys, node_inventory, pod_devices, podspec
 from gpuslice.kube import objects
 from gpuslice.model import allocations, devices
 from gpuslice_dev.controlplane import ControlPlane
+from tests.e2e import migaudit
 
 MiB = 1 << 20
 GPU = "nvidia.com/gpu"
@@ -100,6 +104,8 @@ class AuditReport:
     undecodable_pods: list[str] = dataclasses.field(default_factory=list)
     phantom: list[str] = dataclasses.field(default_factory=list)
     locks_held: dict[str, str] = dataclasses.field(default_factory=dict)
+    mig: list[str] = dataclasses.field(default_factory=list)
+    """MIG findings (``migaudit.findings``)."""
     usage_mismatch: list[str] | None = None
     """Extender vs API per card; None when the extender's metrics were not compared."""
     invalid_nodes: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -122,6 +128,7 @@ class AuditReport:
         out += [f"undecodable device annotation: {p}" for p in self.undecodable_pods]
         out += [f"phantom reservation: {p}" for p in self.phantom]
         out += [f"node lock held on {n}: {v}" for n, v in sorted(self.locks_held.items())]
+        out += [f"MIG: {m}" for m in self.mig]
         out += [f"extender usage != API usage: {m}" for m in self.usage_mismatch or []]
         return out
 
@@ -280,6 +287,7 @@ def api_usage(
         lock = _annotations(node_obj).get(keys.NODE_LOCK)
         if lock:
             report.locks_held[str((node_obj.get("metadata") or {}).get("name", ""))] = lock
+    report.mig = migaudit.findings(nodes, pods)
     return report
 
 

@@ -15,7 +15,9 @@ Problems reported, one line each:
 - a card whose granted memory, cores or slots (one per container grant) exceed its registration;
 - a card held whole by one pod (all its memory, or all of a 100-core card's cores: HAMi's exclusive
   card) and shared with another pod;
-- an annotation that does not decode.
+- an annotation that does not decode;
+- every MIG finding of ``migaudit`` (illegal or overlapping instances, missing runtime identity,
+  grants that differ from their profile, a card of the wrong mode).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tests.e2e import hamiwire
+from tests.e2e import hamiwire, migaudit
 
 FULL_CORES = 100
 
@@ -86,7 +88,9 @@ def registered(nodes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, hamiwire.C
 
 def audit(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> Audit:
     """Check the pods' grants against the nodes' registrations (see the module docstring)."""
+    nodes, pods = list(nodes), list(pods)
     cards, problems = registered(nodes)
+    problems.extend(migaudit.findings(nodes, pods))
     use = {uuid: Use() for uuid in cards}
     for pod in pods:
         if not counted(pod):
