@@ -27,6 +27,7 @@ from gpuslice.codec import goparse
 from gpuslice.framework import registry
 from gpuslice.model import config as model_config
 from gpuslice.policy import api
+from gpuslice.policy import mig as migs
 
 ENV_PREFIX = "GPUSLICE_"
 HAMI_LOCK_EXPIRE_ENV = "HAMI_NODELOCK_EXPIRE"
@@ -60,6 +61,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         workload_period_s: how often the shapes of newly filtered pods are handed to the cache's
             histogram (FGD's target workload); 0 = at once, before the pod is scored (each hand-over
             rebuilds the snapshot's workload, so a busy extender batches them).
+        mig_placement: how GPU instances are chosen on cards in MIG mode (``policy.mig``):
+            ``fragmentation`` (the instance that strands the fewest memory slices) or ``first-fit``
+            (HAMi v2.10's: the smallest profile that serves the request, at its first free
+            placement in HAMi's order, on the first card that has one).
         workload_decay: how the target workload of FGD-style node policies is learned from the
             requests seen (``model.config.WorkloadSettings``, docs/workload.md): a request seen k
             requests ago weighs ``decay**k``.
@@ -181,6 +186,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     node_choice: str = model_config.DEFAULT_NODE_CHOICE
     lock_margin: float = model_config.DEFAULT_LOCK_MARGIN
     workload_period_s: float = 1.0
+    mig_placement: str = migs.FRAGMENTATION
     workload_decay: float = model_config.DEFAULT_WORKLOAD.decay
     workload_window: int = model_config.DEFAULT_WORKLOAD.window
     workload_min_count: int = model_config.DEFAULT_WORKLOAD.min_count
@@ -435,6 +441,11 @@ def validate(values: Mapping[str, Any]) -> Settings:
     if settings.node_choice not in model_config.NODE_CHOICES:
         known = ", ".join(model_config.NODE_CHOICES)
         problems.append(f"node_choice: expected one of {known}, got {settings.node_choice!r}")
+    if settings.mig_placement not in migs.RULES:
+        known = ", ".join(migs.RULES)
+        problems.append(
+            f"mig_placement (--mig-placement): expected one of {known}, got {settings.mig_placement!r}"
+        )
     if not 0.0 <= settings.lock_margin <= 1.0:  # also refuses NaN
         problems.append(f"lock_margin must be in [0, 1], got {settings.lock_margin!r}")
     unknown_shadows = [n for n in settings.shadow_names if n not in registry.names()]

@@ -26,6 +26,7 @@ from gpuslice.framework import profile as profiles
 from gpuslice.framework import view
 from gpuslice.model import allocations, nodes, requests
 from gpuslice.policy import api, batch, columns, fit
+from gpuslice.policy import mig as migs
 from gpuslice.policy import quota as quotas
 
 UNFIT = -1
@@ -42,6 +43,7 @@ def context_of(profile: profiles.Profile, snap: view.Snapshot, pod: requests.Pod
         telemetry_max_age_s=profile.telemetry_max_age_s,
         job=job,
         job_nodes=view.job_nodes(snap, job),
+        mig_rule=profile.mig_rule,
     )
 
 
@@ -106,6 +108,19 @@ class Cycle:
     def place(self, state: nodes.NodeState, quota: bool = True) -> fit.Placement:
         """The pod on one node with the acting card rule (``quota`` False: judged without the quota)."""
         return fit.place(state, self.pod, self.cards, self.ctx, self.quota if quota else None)
+
+    def mig_note(self, state: nodes.NodeState, alloc: allocations.PodAllocation) -> str | None:
+        """How the placement's MIG instances compare with HAMi's first fit on ``state`` (``mig.compare``).
+
+        None when the context already places by first fit, or the placement holds no instance.
+        Otherwise the pod is placed again on the same state under ``FIRST_FIT`` (same card rule,
+        context and quota), which costs one more fit of one node.
+        """
+        if self.ctx.mig_rule == migs.FIRST_FIT or not any(g.mig for c in alloc.containers for g in c):
+            return None
+        first = dataclasses.replace(self.ctx, mig_rule=migs.FIRST_FIT)
+        hami = fit.place(state, self.pod, self.cards, first, self.quota).allocation
+        return migs.compare(state, alloc, hami, self.ctx)
 
     def stepped(self, scores: np.ndarray) -> np.ndarray:
         """The node policy's candidate step over the nodes the pod fits (``UNFIT`` ones stay so).

@@ -2,10 +2,10 @@
 
 A ``Profile`` is what kube-scheduler calls a profile (``pkg/scheduler/profile``): built once at
 startup from the configuration (node and card policy, HAMi chains, the workload fallback, the clock,
-the telemetry age limit, the job label, the node-choice mode and the lock margin), and then asked,
-for each pod, which plugins act for it (``node``, ``card``). ``from_settings`` is the one way to
-build it from the extender's settings, so ``gpuslice serve`` and ``gpuslice explain`` judge with the
-same profile. The per-pod work goes through ``cycle.Cycle``.
+the telemetry age limit, the job label, the node-choice mode, the lock margin and the MIG placement
+rule), and then asked, for each pod, which plugins act for it (``node``, ``card``).
+``from_settings`` is the one way to build it from the extender's settings, so ``gpuslice serve``
+and ``gpuslice explain`` judge with the same profile. The per-pod work goes through ``cycle.Cycle``.
 
 While the learned target workload is untrusted (the context has no workload, see
 ``cache.shapes``), a policy that learns it (``api.Policy.learns_workload``: fgd, fgd-lookahead)
@@ -24,6 +24,7 @@ from gpuslice.framework import registry
 from gpuslice.model import config as model_config
 from gpuslice.model import requests
 from gpuslice.policy import api
+from gpuslice.policy import mig as migs
 
 
 class Settings(Protocol):
@@ -60,6 +61,11 @@ class Settings(Protocol):
         ...
 
     @property
+    def mig_placement(self) -> str:
+        """How instances are chosen on MIG cards (``policy.mig.RULES``)."""
+        ...
+
+    @property
     def workload(self) -> model_config.WorkloadSettings:
         """The learned workload's settings (its ``fallback`` policy)."""
         ...
@@ -85,6 +91,8 @@ class Profile:
         telemetry_max_age_s: telemetry older than this counts as absent (None = no limit).
         clock: wall-clock seconds for the context's ``now``; None = no clock (nothing is stale).
         lock_margin: near the best score by this fraction of the scale, prefer a free node lock.
+        mig_rule: how instances are chosen on MIG cards (``policy.mig.RULES``; the context's
+            ``mig_rule``).
     """
 
     by_name: Mapping[str, api.Plugin]
@@ -96,6 +104,7 @@ class Profile:
     telemetry_max_age_s: float | None
     clock: Callable[[], float] | None
     lock_margin: float
+    mig_rule: str = migs.FRAGMENTATION
 
     @classmethod
     def build(
@@ -109,10 +118,13 @@ class Profile:
         telemetry_max_age_s: float | None = None,
         clock: Callable[[], float] | None = None,
         lock_margin: float = model_config.DEFAULT_LOCK_MARGIN,
+        mig_rule: str = migs.FRAGMENTATION,
     ) -> Profile:
         """Build every registered policy; unknown defaults or fallback raise ``UnknownPolicyError``."""
         if choice not in model_config.NODE_CHOICES:
             raise ValueError(f"node choice must be one of {', '.join(model_config.NODE_CHOICES)}")
+        if mig_rule not in migs.RULES:
+            raise ValueError(f"MIG placement must be one of {', '.join(migs.RULES)}, got {mig_rule!r}")
         built = {name: registry.get(name) for name in registry.names()}
         registry.get(node_default), registry.card_policy(card_default)
         if fallback != model_config.WORKLOAD_FALLBACK_POD:
@@ -127,6 +139,7 @@ class Profile:
             telemetry_max_age_s,
             clock,
             lock_margin,
+            mig_rule,
         )
 
     @classmethod
@@ -163,6 +176,7 @@ class Profile:
             telemetry_max_age_s=settings.telemetry_max_age_s,
             clock=clock,
             lock_margin=settings.lock_margin,
+            mig_rule=settings.mig_placement,
         )
 
     @property

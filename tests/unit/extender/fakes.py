@@ -395,6 +395,7 @@ def make_deps(
         choice=settings.node_choice,
         job_label=settings.job_label,
         lock_margin=settings.lock_margin,
+        mig_rule=settings.mig_placement,
     )
     events = RecordedEvents()
     binder = binder or FakeBinder()

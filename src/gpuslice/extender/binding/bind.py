@@ -66,7 +66,7 @@ import dataclasses
 import enum
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -83,6 +83,7 @@ from gpuslice.framework import profile as profiles
 from gpuslice.kube import claims as kclaims
 from gpuslice.model import allocations, requests, status
 from gpuslice.model import config as model_config
+from gpuslice.policy import mig as migs
 
 QUEUE_MARGIN_S = 1.0
 """Of ``bind_timeout_s``, kept back from the per-node queue for the truth check and the answer."""
@@ -216,9 +217,24 @@ async def _acquire(lock: asyncio.Lock, timeout_s: float) -> bool:
 
 
 def describe(alloc: allocations.PodAllocation) -> str:
-    """``GPU-abc (4000MB/30cores), GPU-def (...)`` for events and logs."""
-    parts = [f"{g.uuid} ({g.memory_mib}MB/{g.cores}cores)" for grants in alloc.containers for g in grants]
+    """``GPU-abc (4000MB/30cores), GPU-def 2g.20gb@2-3 (...)`` for events and logs.
+
+    A MIG grant names its instance: profile and memory slices (``policy.mig.span``).
+    """
+    parts = [
+        f"{g.uuid}{'' if g.mig is None else f' {g.mig.profile}@{migs.span(g.mig)}'} "
+        f"({g.memory_mib}MB/{g.cores}cores)"
+        for grants in alloc.containers
+        for g in grants
+    ]
     return ", ".join(parts) or "no devices"
+
+
+class _Reserved(NamedTuple):
+    """A reservation made: the allocation assumed, and its MIG comparison for the event (or None)."""
+
+    alloc: allocations.PodAllocation
+    mig_note: str | None
 
 
 @dataclasses.dataclass
@@ -234,6 +250,8 @@ class _Bind:
     started: float
     replaces: kclaims.Claim | None = None
     """Another scheduler's stale claim on the pod, which the Binding overwrites."""
+    mig_note: str | None = None
+    """How its MIG instances compare with HAMi's first fit (``cycle.Cycle.mig_note``)."""
 
     @property
     def key(self) -> str:
@@ -526,7 +544,7 @@ class BindFlow:
             if await self._bound_anyway(ns, name, uid, node):
                 return REPEAT
             return Outcome(Result.REJECTED, placed.error)
-        job = _Bind(ns, name, uid, node, pod, placed, started, claim)
+        job = _Bind(ns, name, uid, node, pod, placed.alloc, started, claim, placed.mig_note)
         self._live[key] = node
         handed_over = False
         try:
@@ -569,7 +587,7 @@ class BindFlow:
 
     def _reserve(
         self, key: str, uid: str, node: str, pod: requests.PodRequest, locked: bool = False
-    ) -> allocations.PodAllocation | Outcome:
+    ) -> _Reserved | Outcome:
         """Fit on the current snapshot and assume it, with no await in between."""
         reason = self._excluded(node, locked)
         if reason is not None:
@@ -590,7 +608,7 @@ class BindFlow:
             return Outcome(Result.HELD, f"pod {key} already holds an allocation")
         if not verdict.ok:
             return Outcome(Result.NO_FIT, f"pod no longer fits node {node}: {','.join(verdict.reasons)}")
-        return alloc
+        return _Reserved(alloc, cyc.mig_note(state, alloc))
 
     def _claim_refuses(self, job: _Bind) -> Outcome | None:
         """After the truth check: another scheduler's claim on the pod, judged again.
@@ -630,7 +648,7 @@ class BindFlow:
         self.log.info(
             "bind: re-placed after the truth check", pod=job.key, node=job.node, was=verdict.reasons
         )
-        job.alloc = placed
+        job.alloc, job.mig_note = placed
         return None
 
     def _remaining(self, deadline: float) -> float:
@@ -779,6 +797,8 @@ class BindFlow:
             f"{summary or 'Filter: n/a'}; bound to {job.node}; top scores: {scores}; "
             f"Device: {describe(job.alloc)}"
         )
+        if job.mig_note:
+            note += f"; {job.mig_note}"
         self.events.record(job.ns, job.name, uid, "Normal", "GPUAllocated", "Binding", note[:1024])
         self.log.v(2, "bound", pod=job.key, node=job.node, devices=describe(job.alloc))
         if job.replaces is not None:
