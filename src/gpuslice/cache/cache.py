@@ -572,7 +572,7 @@ class ClusterCache:
         if not alloc.init_count and len(containers) == 1 and len(containers[0]) == 1:
             # One card in one app container (most pods): what card_charge gives for it.
             g = containers[0][0]
-            r = nodes.CardUsage(1, max(0, g.memory_mib), max(0, g.cores))
+            r = nodes.CardUsage(1, max(0, g.memory_mib), max(0, g.cores), () if g.mig is None else (g.mig,))
             return ((sys.intern(g.uuid), self._usage(r)),)
         out = []
         for uuid, r in allocations.card_reservation(alloc, inits_done).items():
@@ -680,9 +680,7 @@ class ClusterCache:
             taken = node.usage[i]
             extra = held.get(uuid)
             if extra is not None:  # held for a preemptor (its victims leaving, or its bind under way)
-                taken = nodes.CardUsage(
-                    taken.slots + extra.slots, taken.memory_mib + extra.memory_mib, taken.cores + extra.cores
-                )
+                taken = taken.plus(extra)
             reason = cards.admits(dev, taken, r, uuid in exclusive)
             if reason is not None:
                 return status.Status(status.Code.UNSCHEDULABLE, (reason,))
@@ -733,10 +731,7 @@ class ClusterCache:
             if i is None:
                 missing.append(snapshot.Orphan(name, uuid, pod.key))
                 continue
-            u = node.usage[i]
-            node.usage[i] = nodes.CardUsage(
-                u.slots + sign * r.slots, u.memory_mib + sign * r.memory_mib, u.cores + sign * r.cores
-            )
+            node.usage[i] = node.usage[i].add(r, sign)
         node.cpu_used += sign * pod.alloc.cpu_milli
         node.memory_used += sign * pod.alloc.memory_mib
         if sign > 0 and missing:
@@ -759,8 +754,7 @@ def _with_held(node: _Node, held: Mapping[str, nodes.CardUsage] | None) -> tuple
     for uuid, r in held.items():
         i = node.index.get(uuid)
         if i is not None:
-            u = usage[i]
-            usage[i] = nodes.CardUsage(u.slots + r.slots, u.memory_mib + r.memory_mib, u.cores + r.cores)
+            usage[i] = usage[i].plus(r)
     return tuple(usage)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuslice.codec import errors, goparse, instants, keys, podspec
+from gpuslice.codec import errors, goparse, instants, keys, mig_allocations, podspec
 from gpuslice.model import allocations
 
 _MISSING_FIELDS = "pod annotation format error, missing fields, do not use nodeName in task spec"
@@ -116,9 +116,12 @@ def device_annotations(containers: Sequence[allocations.ContainerAllocation]) ->
 
 
 def filter_annotations(alloc: allocations.PodAllocation, now: instants.Instant) -> dict[str, str]:
-    """What HAMi writes when it picks the node: node, time and both device keys."""
+    """What HAMi writes when it picks the node: node, time, both device keys and MIG instances."""
     out = {keys.VGPU_NODE: alloc.node, keys.VGPU_TIME: str(instants.unix_seconds(now))}
     out.update(device_annotations(alloc.containers))
+    migs = mig_allocations.encode_allocation(alloc)
+    if migs:
+        out[keys.MIG_ALLOCATIONS] = migs
     return out
 
 
@@ -132,6 +135,7 @@ BIND_KEYS = (
     keys.VGPU_TIME,
     keys.DEVICES_TO_ALLOCATE,
     keys.DEVICES_ALLOCATED,
+    keys.MIG_ALLOCATIONS,
     keys.BIND_PHASE,
     keys.BIND_TIME,
 )
@@ -155,6 +159,9 @@ def allocation_from_annotations(
     """Rebuild a pod's allocation from ``vgpu-node`` and ``vgpu-devices-allocated``.
 
     Returns None when either annotation is absent (the pod was never placed by a HAMi scheduler).
+    The MIG instances of ``hami.io/vgpu-mig-allocations`` are attached to their grants
+    (``mig_allocations.attach``). A malformed MIG value attaches nothing, as in HAMi: the grants on
+    MIG cards then hold no known placement, and the policy treats those cards as full.
 
     Raises:
         DecodeError: a malformed device annotation.
@@ -166,9 +173,17 @@ def allocation_from_annotations(
     if not isinstance(node, str) or not isinstance(value, str):
         raise errors.DecodeError(keys.DEVICES_ALLOCATED, "value", "pod annotations must be strings")
     containers = decode_for_containers(value, container_count)
-    return allocations.PodAllocation(
+    alloc = allocations.PodAllocation(
         node=node, containers=containers, init_count=init_count, sidecars=sidecars
     )
+    raw = annotations.get(keys.MIG_ALLOCATIONS)
+    if isinstance(raw, str) and raw:
+        try:
+            records = mig_allocations.decode(raw)
+        except errors.DecodeError:
+            return alloc
+        return mig_allocations.attach(alloc, records)
+    return alloc
 
 
 def allocation_from_pod(pod: Mapping[str, Any]) -> allocations.PodAllocation | None:

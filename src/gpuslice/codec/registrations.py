@@ -17,12 +17,37 @@ from collections.abc import Iterable
 import msgspec
 
 from gpuslice.codec import errors, goparse, keys
-from gpuslice.model import devices
+from gpuslice.model import devices, mig
 
 JSON_KEYS = ("id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "migProfiles", "health")
 """HAMi's field order in the JSON form."""
 
 _LEGACY_FIELDS = (7, 9)
+
+
+class _PlacementWire(msgspec.Struct, frozen=True):
+    start: int | None = None
+    size: int | None = None
+
+
+class _ProfileWire(msgspec.Struct, frozen=True):
+    """One ``migProfiles`` entry (HAMi's ``MigProfile``; ``instanceCount`` and other extras ignored)."""
+
+    name: str | None = None
+    memoryMB: int | None = None  # noqa: N815 - the wire's name
+    core: int | None = None
+    sliceCount: int | None = None  # noqa: N815 - the wire's name
+    placements: list[_PlacementWire] | None = None
+
+
+class _ProfileOut(msgspec.Struct, frozen=True):
+    """One profile as HAMi encodes it: every key present (its fields have no ``omitempty``)."""
+
+    name: str
+    memoryMB: int  # noqa: N815 - the wire's name
+    core: int
+    sliceCount: int  # noqa: N815 - the wire's name
+    placements: list[_PlacementWire] | None
 
 
 class _WireIn(msgspec.Struct, frozen=True):
@@ -36,6 +61,7 @@ class _WireIn(msgspec.Struct, frozen=True):
     type: str | None = None
     numa: int | None = None
     mode: str | None = None
+    migProfiles: list[_ProfileWire] | None = None  # noqa: N815 - the wire's name
     health: bool | None = None
 
 
@@ -50,6 +76,7 @@ class _WireOut(msgspec.Struct, frozen=True, omit_defaults=True):
     type: str = ""
     numa: int = 0
     mode: str = ""
+    migProfiles: list[_ProfileOut] | None = None  # noqa: N815 - the wire's name
     health: bool = False
 
 
@@ -102,9 +129,45 @@ def decode_json(value: str) -> tuple[devices.GpuDevice, ...]:
             numa=_int32(w.numa, "numa", i),
             mode=w.mode or "",
             health=bool(w.health),
+            mig_profiles=_profiles(w.migProfiles, i),
         )
         for i, w in enumerate(wire)
     )
+
+
+def _uint32(value: int | None, where: str) -> int:
+    if value is None:
+        return 0
+    if not 0 <= value <= 0xFFFFFFFF:
+        raise errors.DecodeError(
+            keys.NODE_REGISTER, where, f"{where.rsplit('.', 1)[-1]} {value} overflows uint32"
+        )
+    return value
+
+
+def _profiles(wire: list[_ProfileWire] | None, card: int) -> tuple[mig.Profile, ...]:
+    """A card's ``migProfiles``; placements of size 0 hold nothing and are dropped."""
+    if not wire:
+        return ()
+    out: list[mig.Profile] = []
+    for k, p in enumerate(wire):
+        at = f"[{card}].migProfiles[{k}]"
+        placements: list[mig.Placement] = []
+        for j, pl in enumerate(p.placements or ()):
+            start = _uint32(pl.start, f"{at}.placements[{j}].start")
+            size = _uint32(pl.size, f"{at}.placements[{j}].size")
+            if size > 0:
+                placements.append(mig.Placement(start, size))
+        out.append(
+            mig.Profile(
+                name=p.name or "",
+                memory_mib=_int32(p.memoryMB, "memoryMB", card),
+                cores=_int32(p.core, "core", card),
+                slice_count=_uint32(p.sliceCount, f"{at}.sliceCount"),
+                placements=tuple(placements),
+            )
+        )
+    return tuple(out)
 
 
 def encode_json(cards: Iterable[devices.GpuDevice]) -> str:
@@ -119,6 +182,17 @@ def encode_json(cards: Iterable[devices.GpuDevice]) -> str:
             type=d.type,
             numa=d.numa,
             mode=d.mode,
+            migProfiles=[
+                _ProfileOut(
+                    p.name,
+                    p.memory_mib,
+                    p.cores,
+                    p.slice_count,
+                    [_PlacementWire(x.start, x.size) for x in p.placements] or None,
+                )
+                for p in d.mig_profiles
+            ]
+            or None,
             health=d.health,
         )
         for d in cards

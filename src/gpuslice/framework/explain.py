@@ -37,7 +37,7 @@ from gpuslice.framework import cycle as cycles
 from gpuslice.framework import gangs as gang_plans
 from gpuslice.framework import profile as profiles
 from gpuslice.framework import view
-from gpuslice.model import nodes, requests, status
+from gpuslice.model import allocations, nodes, requests, status
 from gpuslice.policy import api, cards, fit, linkreq
 from gpuslice.policy import quota as quotas
 
@@ -501,8 +501,7 @@ def _with_grants(
             continue
         for g in grants:
             i = by_uuid[g.uuid]
-            u = usage[i]
-            usage[i] = nodes.CardUsage(u.slots + 1, u.memory_mib + g.memory_mib, u.cores + g.cores)
+            usage[i] = usage[i].plus(allocations.grant_usage(g))
     return msgspec.structs.replace(state, usage=tuple(usage))
 
 

@@ -62,8 +62,7 @@ class _Record:
 
 def _add(into: dict[str, nodes.CardUsage], reservation: Reservation) -> None:
     for uuid, r in reservation:
-        u = into.get(uuid, nodes.EMPTY_CARD)
-        into[uuid] = nodes.CardUsage(u.slots + r.slots, u.memory_mib + r.memory_mib, u.cores + r.cores)
+        into[uuid] = into.get(uuid, nodes.EMPTY_CARD).plus(r)
 
 
 class Journal:

@@ -6,16 +6,27 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from gpuslice.model import devices, nodes
+from gpuslice.model import devices, mig, nodes
 
 
 class DeviceGrant(msgspec.Struct, frozen=True):
-    """One card given to one container (HAMi's ``ContainerDevice``)."""
+    """One card given to one container (HAMi's ``ContainerDevice``).
+
+    On a card in MIG mode the grant is one GPU instance: ``mig`` names its profile and placement,
+    and ``memory_mib`` / ``cores`` are the profile's, as HAMi's ``AddResourceUsage`` records them.
+    A container may hold several instances of one card.
+    """
 
     uuid: str
     memory_mib: int
     cores: int
     vendor: str = devices.VENDOR_NVIDIA
+    mig: mig.Slice | None = None
+
+
+def grant_usage(g: DeviceGrant) -> nodes.CardUsage:
+    """What one grant alone takes on its card: one slot, its memory and cores, its MIG slice."""
+    return nodes.CardUsage(1, g.memory_mib, g.cores, () if g.mig is None else (g.mig,))
 
 
 ContainerAllocation = tuple[DeviceGrant, ...]
@@ -79,8 +90,12 @@ def card_reservation(alloc: PodAllocation, inits_done: bool = False) -> dict[str
     init_peak: dict[str, tuple[int, int]] = {}
     app_sum: dict[str, tuple[int, int, int]] = {}
     side_sum: dict[str, tuple[int, int, int]] = {}
+    held: dict[str, list[mig.Slice]] = {}
     sidecars = alloc.sidecars
     for position, grants in enumerate(alloc.containers):
+        for g in grants:
+            if g.mig is not None:
+                held.setdefault(g.uuid, []).append(g.mig)
         if position < alloc.init_count and position not in sidecars:
             if inits_done:
                 continue
@@ -92,10 +107,13 @@ def card_reservation(alloc: PodAllocation, inits_done: bool = False) -> dict[str
             for g in grants:
                 mem, cores, slots = sums.get(g.uuid, (0, 0, 0))
                 sums[g.uuid] = (mem + g.memory_mib, cores + g.cores, slots + 1)
-    return {
+    out = {
         uuid: card_charge(init_peak.get(uuid, (0, 0)), app_sum.get(uuid, _NONE), side_sum.get(uuid, _NONE))
-        for uuid in init_peak.keys() | app_sum.keys() | side_sum.keys()
+        for uuid in init_peak.keys() | app_sum.keys() | side_sum.keys() | held.keys()
     }
+    for uuid, slices in held.items():
+        out[uuid] = msgspec.structs.replace(out[uuid], mig=tuple(sorted(slices)))
+    return out
 
 
 _NONE = (0, 0, 0)
@@ -135,12 +153,7 @@ def apply(
         r = per_card.get(dev.uuid)
         if r is None:
             continue
-        u = usage[i]
-        usage[i] = nodes.CardUsage(
-            slots=u.slots + sign * r.slots,
-            memory_mib=u.memory_mib + sign * r.memory_mib,
-            cores=u.cores + sign * r.cores,
-        )
+        usage[i] = usage[i].add(r, sign)
     return nodes.NodeState(
         inventory=state.inventory,
         usage=tuple(usage),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from gpuslice.model import mig
+
 VENDOR_NVIDIA = "NVIDIA"
 """The vendor keyword HAMi writes into pod device annotations (never the model name)."""
 
@@ -28,6 +30,8 @@ class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
         numa: NUMA node of the card (negative values are registered as 0).
         mode: ``hami-core``, ``mig`` or ``mps``.
         health: False when the device plugin or the agent saw a device fault.
+        mig_profiles: for a card in MIG mode, the GPU-instance profiles it offers (``migProfiles``);
+            empty otherwise.
     """
 
     uuid: str
@@ -39,3 +43,9 @@ class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
     numa: int = 0
     mode: str = MODE_HAMI_CORE
     health: bool = True
+    mig_profiles: tuple[mig.Profile, ...] = ()
+
+    @property
+    def is_mig(self) -> bool:
+        """True for a card in MIG mode: pods get GPU instances on it, not shares."""
+        return self.mode == MODE_MIG

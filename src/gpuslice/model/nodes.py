@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from gpuslice.model import devices, topology
+from gpuslice.model import devices, mig, topology
 
 
 class CardTelemetry(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,11 +52,56 @@ class NodeInventory(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CardUsage(msgspec.Struct, frozen=True):
-    """What is taken on one card: slots (tasks), memory MiB and cores (percent)."""
+    """What is taken on one card: slots (tasks), memory MiB, cores (percent) and MIG slices.
+
+    ``mig`` lists the GPU instances held on a card in MIG mode, sorted by start; a MIG grant
+    also charges its profile's memory and cores, as HAMi's ``AddResourceUsage`` does.
+    """
 
     slots: int = 0
     memory_mib: int = 0
     cores: int = 0
+    mig: tuple[mig.Slice, ...] = ()
+
+    def plus(self, other: CardUsage) -> CardUsage:
+        """This usage with ``other`` added."""
+        return CardUsage(
+            self.slots + other.slots,
+            self.memory_mib + other.memory_mib,
+            self.cores + other.cores,
+            tuple(sorted(self.mig + other.mig)) if other.mig else self.mig,
+        )
+
+    def add(self, other: CardUsage, sign: int) -> CardUsage:
+        """This usage with ``other`` added (sign 1) or taken off (-1), exactly (no clamping)."""
+        if sign > 0:
+            return self.plus(other)
+        return CardUsage(
+            self.slots - other.slots,
+            self.memory_mib - other.memory_mib,
+            self.cores - other.cores,
+            _without(self.mig, other.mig),
+        )
+
+    def minus(self, other: CardUsage) -> CardUsage:
+        """This usage with ``other`` taken off, never below zero; each slice of ``other`` once."""
+        return CardUsage(
+            max(0, self.slots - other.slots),
+            max(0, self.memory_mib - other.memory_mib),
+            max(0, self.cores - other.cores),
+            _without(self.mig, other.mig),
+        )
+
+
+def _without(held: tuple[mig.Slice, ...], gone: tuple[mig.Slice, ...]) -> tuple[mig.Slice, ...]:
+    """``held`` with each slice of ``gone`` removed once (slices it lacks are ignored)."""
+    if not gone:
+        return held
+    rest = list(held)
+    for s in gone:
+        if s in rest:
+            rest.remove(s)
+    return tuple(rest)
 
 
 EMPTY_CARD = CardUsage()
@@ -146,10 +191,7 @@ def released(
         i = index.get(uuid)
         if i is None:
             continue
-        u = usage[i]
-        usage[i] = CardUsage(
-            max(0, u.slots - r.slots), max(0, u.memory_mib - r.memory_mib), max(0, u.cores - r.cores)
-        )
+        usage[i] = usage[i].minus(r)
     return msgspec.structs.replace(
         state,
         usage=tuple(usage),

@@ -34,6 +34,9 @@ INSUFFICIENT_GPU_CORES = "InsufficientGPUCores"
 INSUFFICIENT_GPU_COUNT = "InsufficientGPUCount"
 GPU_SLOTS_EXHAUSTED = "GPUSlotsExhausted"
 EXCLUSIVE_CONFLICT = "ExclusiveConflict"
+MIG_PLACEMENT_INFEASIBLE = "MigPlacementInfeasible"
+"""A card in MIG mode has no free legal placement of a profile that serves the request (HAMi's
+``CardMigTopologyInfeasible``)."""
 DEVICE_TYPE_MISMATCH = "DeviceTypeMismatch"
 UUID_FILTERED = "UUIDFiltered"
 DEVICE_UNHEALTHY = "DeviceUnhealthy"
@@ -79,6 +82,7 @@ ALL_REASONS: tuple[str, ...] = (
     INSUFFICIENT_GPU_COUNT,
     GPU_SLOTS_EXHAUSTED,
     EXCLUSIVE_CONFLICT,
+    MIG_PLACEMENT_INFEASIBLE,
     DEVICE_TYPE_MISMATCH,
     UUID_FILTERED,
     DEVICE_UNHEALTHY,

@@ -86,6 +86,8 @@ class Context:
         job_nodes: the nodes holding pods of ``job`` (node name -> the job's share there,
             ``nodes.JobOnNode``; the extender takes it from its cache snapshot's job index);
             empty when the job has no other placed pod.
+        mig_rule: how instances are chosen on MIG cards (``policy.mig``): ``fragmentation``
+            (fewest stranded slices) or ``first-fit`` (HAMi's rule).
     """
 
     workload: Workload | None = None
@@ -96,6 +98,7 @@ class Context:
     telemetry_max_age_s: float | None = None
     job: str = ""
     job_nodes: Mapping[str, nodes.JobOnNode] = dataclasses.field(default_factory=lambda: NO_JOB_NODES)
+    mig_rule: str = "fragmentation"
 
 
 EMPTY_CONTEXT = Context()

@@ -22,6 +22,7 @@ import numpy as np
 
 from gpuslice.model import allocations, nodes, requests, status
 from gpuslice.policy import api, columns, fit, vectorfit
+from gpuslice.policy import mig as migs
 from gpuslice.policy import quota as quotas
 
 IntArray = columns.IntArray
@@ -67,7 +68,12 @@ def evaluate(
     req = None
     # No registered node at all (an extender that started before any GPU node registered): the
     # loop below names every node unregistered; the columns have no row to index.
-    if cols is not None and cols.hot.shape[0] > 0 and cols.hot.shape[1] <= vectorfit.MAX_CARDS:
+    if (
+        cols is not None
+        and cols.hot.shape[0] > 0
+        and cols.hot.shape[1] <= vectorfit.MAX_CARDS
+        and not cols.has_mig  # MIG placements are judged by ``fit.place`` only
+    ):
         req = vectorfit.request_of(pod, quota)
     failures: dict[str, tuple[status.Status, fit.CardReasons]] = {}
     scores = np.full(n, -1, np.int64)
@@ -103,6 +109,8 @@ def evaluate(
         if p.status.ok:
             feasible[j] = True
             scores[j] = node_policy.score_node(state, pod, ctx).score
+            if ctx.mig_rule == migs.FRAGMENTATION and p.allocation is not None:
+                scores[j] = migs.node_score(state, p.allocation, scores[j], ctx)
         else:
             failures[name] = (p.status, p.card_reasons)
     return Evaluation(names, feasible, scores, failures)

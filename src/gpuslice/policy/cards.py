@@ -24,6 +24,7 @@ Quota (``QUOTA_EXCEEDED``) is checked by ``fit`` after these, since it depends o
 from __future__ import annotations
 
 from gpuslice.model import devices, nodes, requests, status
+from gpuslice.policy import mig as migs
 
 
 def type_matches(card_type: str, selectors: requests.Selectors) -> bool:
@@ -87,6 +88,28 @@ def capacity_reason(
     return None
 
 
+def mig_reason(
+    dev: devices.GpuDevice, usage: nodes.CardUsage, memory: int, cores: int, idle_only: bool = False
+) -> str | None:
+    """``capacity_reason`` of a card in MIG mode, in HAMi's order (``Fit`` with its MIG rule).
+
+    Slots, ``mutex``, memory and cores as on any card, then ``MIG_PLACEMENT_INFEASIBLE`` when no
+    profile that serves ``memory`` has a free placement (``mig.fits``). HAMi's whole-card
+    exclusivity checks do not apply: instances are isolated from each other.
+    """
+    if usage.slots >= dev.split_count:
+        return status.GPU_SLOTS_EXHAUSTED
+    if idle_only and usage.slots > 0:
+        return status.EXCLUSIVE_CONFLICT
+    if dev.memory_mib - usage.memory_mib < memory:
+        return status.INSUFFICIENT_GPU_MEMORY
+    if dev.cores - usage.cores < cores:
+        return status.INSUFFICIENT_GPU_CORES
+    if not migs.fits(dev, usage, memory):
+        return status.MIG_PLACEMENT_INFEASIBLE
+    return None
+
+
 def admits(
     dev: devices.GpuDevice, usage: nodes.CardUsage, add: nodes.CardUsage, exclusive: bool
 ) -> str | None:
@@ -99,7 +122,26 @@ def admits(
     """
     if usage.slots + add.slots > dev.split_count:
         return status.GPU_SLOTS_EXHAUSTED
+    if dev.is_mig or add.mig:
+        return _mig_admits(dev, usage, add)
     return capacity_reason(dev, usage, add.memory_mib, add.cores, exclusive)
+
+
+def _mig_admits(dev: devices.GpuDevice, usage: nodes.CardUsage, add: nodes.CardUsage) -> str | None:
+    """A MIG card takes a reservation whose instances are legal, free, and fit memory and cores."""
+    if not dev.is_mig or len(add.mig) < add.slots:
+        return status.MIG_PLACEMENT_INFEASIBLE  # an instance on a shared card, or a grant without one
+    if dev.memory_mib - usage.memory_mib < add.memory_mib:
+        return status.INSUFFICIENT_GPU_MEMORY
+    if dev.cores - usage.cores < add.cores:
+        return status.INSUFFICIENT_GPU_CORES
+    taken = migs.occupied(dev, usage)
+    for s in add.mig:
+        m = ((1 << s.size) - 1) << s.start
+        if m & taken or not migs.legal(dev, s):
+            return status.MIG_PLACEMENT_INFEASIBLE
+        taken |= m
+    return None
 
 
 def mode_matches(card_mode: str, wanted: str | None) -> bool:

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 import numpy as np
 import numpy.typing as npt
 
-from gpuslice.model import nodes
+from gpuslice.model import devices, nodes
 from gpuslice.policy import cards as card_checks
 from gpuslice.policy import linktables, shares, thermal
 
@@ -112,6 +112,15 @@ class NodeColumns:
     def node(self, field: str) -> IntArray:
         """One per-node field as a (rows,) view, e.g. ``node("ncards")``."""
         return self.nodes[:, _R[field]]
+
+    @property
+    def has_mig(self) -> bool:
+        """True when a card in MIG mode was ever packed.
+
+        The vectorised checks cannot judge MIG instances (``policy.mig``), so callers take the
+        exact path (``fit.place``).
+        """
+        return devices.MODE_MIG in self.modes
 
     def rows(self, names: list[str] | tuple[str, ...]) -> IntArray:
         """Rows of the named nodes; -1 for a name not in the view."""

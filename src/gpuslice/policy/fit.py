@@ -48,8 +48,11 @@ import dataclasses
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from gpuslice.model import allocations, nodes, requests, status
+import msgspec
+
+from gpuslice.model import allocations, mig, nodes, requests, status
 from gpuslice.policy import api, cards, linkreq
+from gpuslice.policy import mig as migs
 from gpuslice.policy import quota as quotas
 
 CardReasons = tuple[tuple[str, int], ...]
@@ -175,8 +178,8 @@ def _attempt(
         if req is None or req.count <= 0:
             out.append(())
             continue
-        if req.count > ndev:
-            return _Fail((status.INSUFFICIENT_GPU_COUNT,))
+        if req.count > ndev and not any(d.is_mig for d in inv.devices):
+            return _Fail((status.INSUFFICIENT_GPU_COUNT,))  # MIG cards may give several instances
         kind = SIDECAR if position in pod.sidecars else INIT if position < pod.init_count else APP
         got = _fit_container(running, req, pod.selectors, policy, ctx, quota, charge, kind, idle_only, link)
         if isinstance(got, _Fail):
@@ -221,8 +224,19 @@ def _fit_container(
     )
     so_far = None if quota is None or charge is None else quota.plus(*charge.totals)
     costs: dict[int, tuple[int, int, int]] = {}
+    mig_ok: list[int] = []
+    mig_rejected: dict[str, int] = {}
     for i, dev in enumerate(devs):
         memory = fixed if fixed is not None else req.memory_on(dev.memory_mib)
+        if dev.is_mig:
+            reason = cards.static_reason(dev, cordoned, sel) or cards.mig_reason(
+                dev, usage[i], memory, cores, idle_only
+            )
+            if reason is None:
+                mig_ok.append(i)
+            else:
+                mig_rejected[reason] = mig_rejected.get(reason, 0) + 1
+            continue
         reason = cards.static_reason(dev, cordoned, sel) or cards.capacity_reason(
             dev, usage[i], memory, cores, exclusive, idle_only
         )
@@ -232,6 +246,12 @@ def _fit_container(
                 costs[i] = charge.cost(i, kind, memory, cores)
         else:
             rejected[reason] = rejected.get(reason, 0) + 1
+    if mig_ok or mig_rejected:
+        # Shared cards serve the container when enough of them can; MIG instances otherwise.
+        if len(eligible) < req.count and mig_ok:
+            return _fit_mig(state, req, sel, policy, ctx, so_far, charge, kind, tuple(mig_ok), rejected)
+        for r, n in mig_rejected.items():
+            rejected[r] = rejected.get(r, 0) + n
     if so_far is not None:
         eligible = _within_quota(so_far, eligible, costs, req.count, rejected)
     if len(eligible) < req.count:
@@ -266,6 +286,78 @@ def _fit_container(
         for i, g in zip(chosen, grants, strict=True):
             charge.add(i, kind, g.memory_mib, cores)
     return grants
+
+
+def _fit_mig(
+    state: nodes.NodeState,
+    req: requests.ContainerRequest,
+    sel: requests.Selectors,
+    policy: api.CardChooser,
+    ctx: api.Context,
+    so_far: quotas.QuotaView | None,
+    charge: _Charge | None,
+    kind: int,
+    eligible: tuple[int, ...],
+    rejected: dict[str, int],
+) -> allocations.ContainerAllocation | _Fail:
+    """The container's GPU instances on the node's MIG cards (``policy.mig``), or why not.
+
+    Under ``first-fit`` the card policy orders the cards (HAMi scans them in its card order); the
+    fragmentation rule weighs every card itself. Several instances may share a card. The quota
+    is checked with the profiles' memory and cores, which is what the cache will charge.
+    """
+    devs = state.inventory.devices
+    fixed = (
+        req.memory_mib
+        if req.memory_mib > 0 or req.memory_percentage == requests.MEMORY_PERCENTAGE_UNSET
+        else None
+    )
+    memory = [fixed if fixed is not None else req.memory_on(d.memory_mib) for d in devs]
+    order: tuple[int, ...] | None = None
+    if ctx.mig_rule == migs.FIRST_FIT:
+        order = _card_order(state, req, sel, policy, ctx, eligible)
+    got = migs.assign(state, req, eligible, memory, ctx, ctx.mig_rule, order)
+    if got is None:
+        rejected[status.MIG_PLACEMENT_INFEASIBLE] = rejected.get(status.MIG_PLACEMENT_INFEASIBLE, 0) + len(
+            eligible
+        )
+        return _dominant(rejected)
+    grants: list[allocations.DeviceGrant] = []
+    for c in got:
+        prof = mig.find(devs[c.card].mig_profiles, c.slice.profile)
+        assert prof is not None  # assign only picks registered profiles
+        grants.append(allocations.DeviceGrant(devs[c.card].uuid, prof.memory_mib, prof.cores, mig=c.slice))
+    if so_far is not None and charge is not None:
+        trial = _Charge()
+        trial.cards = dict(charge.cards)
+        trial.totals = charge.totals
+        for c, g in zip(got, grants, strict=True):
+            trial.add(c.card, kind, g.memory_mib, g.cores)
+        t0, t1 = charge.totals, trial.totals
+        if not so_far.admits(t1[0] - t0[0], t1[1] - t0[1], t1[2] - t0[2]):
+            return _Fail((status.QUOTA_EXCEEDED,), ((status.QUOTA_EXCEEDED, req.count),))
+        charge.cards, charge.totals = trial.cards, trial.totals
+    return tuple(grants)
+
+
+def _card_order(
+    state: nodes.NodeState,
+    req: requests.ContainerRequest,
+    sel: requests.Selectors,
+    policy: api.CardChooser,
+    ctx: api.Context,
+    eligible: tuple[int, ...],
+) -> tuple[int, ...]:
+    """The MIG cards in the card policy's order: its choice of one card, then of one of the rest."""
+    one = msgspec.structs.replace(req, count=1)
+    left = list(eligible)
+    out: list[int] = []
+    while left:
+        got = _choose(state, one, msgspec.structs.replace(sel, numa_bind=False), policy, ctx, tuple(left))
+        i = got[0] if got else left[0]
+        out.append(i)
+        left.remove(i)
+    return tuple(out)
 
 
 def _sum(costs: Iterable[tuple[int, int, int]]) -> tuple[int, int, int]:
@@ -375,8 +467,7 @@ def _take(state: nodes.NodeState, grants: allocations.ContainerAllocation) -> no
     by_uuid = {d.uuid: i for i, d in enumerate(state.inventory.devices)}
     for g in grants:
         i = by_uuid[g.uuid]
-        u = usage[i]
-        usage[i] = nodes.CardUsage(u.slots + 1, u.memory_mib + g.memory_mib, u.cores + g.cores)
+        usage[i] = usage[i].plus(allocations.grant_usage(g))
     return nodes.NodeState(
         inventory=state.inventory,
         usage=tuple(usage),

@@ -176,10 +176,7 @@ def _shift(state: nodes.NodeState, r: Resident, sign: int) -> nodes.NodeState:
         i = index.get(uuid)
         if i is None:
             continue
-        old = usage[i]
-        usage[i] = nodes.CardUsage(
-            old.slots + sign * u.slots, old.memory_mib + sign * u.memory_mib, old.cores + sign * u.cores
-        )
+        usage[i] = usage[i].add(u, sign)
     return nodes.NodeState(
         inventory=state.inventory,
         usage=tuple(usage),

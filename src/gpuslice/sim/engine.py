@@ -200,7 +200,7 @@ class Scorer:
         (``tests/unit/sim/test_online_workload.py`` checks every registered policy).
         """
         score_columns = self._score_columns
-        if score_columns is None or not self.mirror.usable:
+        if score_columns is None or not self.mirror.usable or self.mirror.current().has_mig:
             return False
         if pod.count <= 0:
             if not self._cpu_columns:

@@ -31,7 +31,7 @@ def node_states(draw: st.DrawFn, name: str = "n", max_cards: int = 8, host: bool
                 numa=draw(st.integers(0, 1)),
                 health=draw(st.booleans()) or draw(st.booleans()),
                 mode=draw(
-                    st.sampled_from((devices.MODE_HAMI_CORE, devices.MODE_HAMI_CORE, devices.MODE_MIG))
+                    st.sampled_from((devices.MODE_HAMI_CORE, devices.MODE_HAMI_CORE, devices.MODE_MPS))
                 ),
             )
         )
@@ -78,7 +78,7 @@ FAST_SELECTORS = (
     requests.Selectors(use_types=("a100",)),
     requests.Selectors(nouse_types=("A100",)),
     requests.Selectors(use_types=("h100",)),
-    requests.Selectors(mode="mig"),
+    requests.Selectors(mode="mps"),
     requests.Selectors(mode="hami-core", numa_node=1),
     requests.Selectors(numa_node=0),
 )

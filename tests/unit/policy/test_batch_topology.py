@@ -71,7 +71,7 @@ def topo_nodes(draw: st.DrawFn, name: str, shared: str) -> nodes.NodeState:
                 split_count=split,
                 numa=draw(st.integers(0, 3)),
                 health=draw(st.integers(0, 9)) > 0,
-                mode=draw(st.sampled_from((devices.MODE_HAMI_CORE,) * 4 + (devices.MODE_MIG,))),
+                mode=draw(st.sampled_from((devices.MODE_HAMI_CORE,) * 4 + (devices.MODE_MPS,))),
             )
         )
         if draw(st.integers(0, 15)) == 0:

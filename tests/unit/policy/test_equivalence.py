@@ -88,7 +88,7 @@ def node_states(draw: st.DrawFn, name: str) -> nodes.NodeState:
                 health=wide or draw(st.integers(0, 7)) > 0,
                 mode=devices.MODE_HAMI_CORE
                 if wide
-                else draw(st.sampled_from((devices.MODE_HAMI_CORE,) * 3 + (devices.MODE_MIG,))),
+                else draw(st.sampled_from((devices.MODE_HAMI_CORE,) * 3 + (devices.MODE_MPS,))),
             )
         )
         if not wide and draw(st.integers(0, 9)) == 0:
@@ -167,7 +167,7 @@ SELECTORS = (
     requests.Selectors(use_types=("a100",)),
     requests.Selectors(nouse_types=("A100",)),
     requests.Selectors(use_types=("h100", "V100")),
-    requests.Selectors(mode="mig"),
+    requests.Selectors(mode="mps"),
     requests.Selectors(mode="hami-core", numa_node=1),
     requests.Selectors(numa_node=0),
     requests.Selectors(use_uuids=("GPU-n0-0", "GPU-n1-1", "GPU-n2-0")),  # scalar path
