@@ -232,6 +232,7 @@ def rows(doc: explain.Explanation, show_all: bool = False) -> list[tuple[str, li
     ]
     for n in shown_nodes(doc, show_all):
         title = f"{n.name}: cards" + (f" for container {n.container}" if n.container is not None else "")
+        with_mig = any(c.mig is not None for c in n.cards)
         cards = [
             [
                 str(c.index),
@@ -240,12 +241,23 @@ def rows(doc: explain.Explanation, show_all: bool = False) -> list[tuple[str, li
                 f"{c.memory_free_mib}/{c.memory_total_mib}",
                 f"{c.cores_free}/{c.cores_total}",
                 f"{c.slots_free}/{c.slots_total}",
+                *([mig_text(c.mig)] if with_mig else []),
                 c.reason + (" (chosen)" if c.chosen else "") + (" (held)" if c.uuid in held else ""),
             ]
             for c in n.cards
         ]
-        out.append((title, header, cards))
+        out.append((title, [*header[:-1], "MIG", header[-1]] if with_mig else header, cards))
     return out
+
+
+def mig_text(m: explain.Mig | None) -> str:
+    """A MIG card's cell: ``held 1g.10gb@0, 3g.40gb@4-7; free 3/8, stranded 1.83`` ('' off MIG)."""
+    if m is None:
+        return ""
+    held = ", ".join(
+        f"{i.profile}@{i.start}" + (f"-{i.start + i.size - 1}" if i.size > 1 else "") for i in m.instances
+    )
+    return f"held {held or 'none'}; free {m.slices_free}/{m.slices_total}, stranded {m.slices_stranded:g}"
 
 
 def head_lines(doc: explain.Explanation) -> list[str]:

@@ -8,12 +8,13 @@ nodes an explanation says fit are the filter's feasible nodes (before ``node_cho
 narrows them to the one it answers).
 
 Per card, the reason is the one ``policy.cards`` gives (HAMi's order: static reasons first, then
-capacity) for the container the node's verdict is about: the first GPU container that does not
-fit, or the first GPU container when the pod fits. An app container after others is judged on the
-node with the earlier app containers' cards taken, as ``fit`` places them. A card that passes
-those checks but that the namespace quota rules out is marked ``QuotaExceeded`` (the costliest
-cards first, as many as ``fit`` counted). The cards the pod would get are those of ``fit.place``'s
-allocation.
+capacity; ``mig_reason`` on a card in MIG mode, whose ``mig`` part lists the instances held and
+the free and stranded slices) for the container the node's verdict is about: the first GPU
+container that does not fit, or the first GPU container when the pod fits. An app container after
+others is judged on the node with the earlier app containers' cards taken, as ``fit`` places them.
+A card that passes those checks but that the namespace quota rules out is marked ``QuotaExceeded``
+(the costliest cards first, as many as ``fit`` counted). The cards the pod would get are those of
+``fit.place``'s allocation.
 
 A pod the cache holds (bound, or its bind in flight) is explained with its own charge released
 (``Held``): its node's cards, host CPU and memory, and its namespace's quota usage, as if it were
@@ -37,8 +38,9 @@ from gpuslice.framework import cycle as cycles
 from gpuslice.framework import gangs as gang_plans
 from gpuslice.framework import profile as profiles
 from gpuslice.framework import view
-from gpuslice.model import allocations, nodes, requests, status
+from gpuslice.model import allocations, devices, nodes, requests, status
 from gpuslice.policy import api, cards, fit, linkreq
+from gpuslice.policy import mig as migs
 from gpuslice.policy import quota as quotas
 
 FITS = "fits"
@@ -73,7 +75,32 @@ class Ask(msgspec.Struct, frozen=True, kw_only=True):
     cores: int
 
 
-class Card(msgspec.Struct, frozen=True, kw_only=True):
+class Instance(msgspec.Struct, frozen=True):
+    """A GPU instance held on a MIG card: its profile and the memory slices it covers."""
+
+    profile: str
+    start: int
+    size: int
+
+
+class Mig(msgspec.Struct, frozen=True, kw_only=True):
+    """A card in MIG mode as the explained container sees it (``policy.mig.card_slices``).
+
+    Attributes:
+        instances: the instances held, by start.
+        slices_total: its memory slices.
+        slices_free: those no instance holds (all held when a holder's placement is unknown).
+        slices_stranded: of the free ones, those no free placement of a profile the workload
+            asks for covers (weighted by demand, so possibly fractional; ``policy.mig.stranded``).
+    """
+
+    instances: tuple[Instance, ...]
+    slices_total: int
+    slices_free: int
+    slices_stranded: float
+
+
+class Card(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One card of a node as the explained container sees it.
 
     Attributes:
@@ -90,6 +117,7 @@ class Card(msgspec.Struct, frozen=True, kw_only=True):
         cores_total: registered cores.
         slots_free: free task slots.
         slots_total: task slots.
+        mig: on a card in MIG mode, its instances and slices (None otherwise; omitted in JSON).
     """
 
     index: int
@@ -105,6 +133,7 @@ class Card(msgspec.Struct, frozen=True, kw_only=True):
     cores_total: int
     slots_free: int
     slots_total: int
+    mig: Mig | None = None
 
 
 class Node(msgspec.Struct, frozen=True, kw_only=True):
@@ -401,7 +430,7 @@ def _node(
     state = own.get(name) or view.node_state(snap, name)
     if name in excluded:  # the filter fails it before evaluating (FailedNodes: Unschedulable)
         reason = excluded[name]
-        shown = () if state is None else _cards(state, state, None, pod.selectors, (), {})
+        shown = () if state is None else _cards(state, state, None, pod.selectors, (), {}, ctx.workload)
         node = Node(
             name=name,
             fits=False,
@@ -430,7 +459,7 @@ def _node(
     req = None if focus is None else pod.containers[focus]
     idle_only = card_policy.idle_only
     reasons = _card_reasons(running, req, pod.selectors, idle_only, placement)
-    shown = _cards(state, running, req, pod.selectors, reasons, chosen)
+    shown = _cards(state, running, req, pod.selectors, reasons, chosen, ctx.workload)
     st = placement.status
     if st.ok:
         node = Node(
@@ -519,9 +548,13 @@ def _card_reasons(
     out: list[str] = []
     for i, dev in enumerate(inv.devices):
         memory = req.memory_on(dev.memory_mib)
-        reason = cards.static_reason(dev, inv.cordoned, sel) or cards.capacity_reason(
-            dev, state.usage[i], memory, req.cores_clamped, req.exclusive, idle_only
-        )
+        if dev.is_mig:  # as fit judges a MIG card: MigPlacementInfeasible when no profile fits
+            capacity = cards.mig_reason(dev, state.usage[i], memory, req.cores_clamped, idle_only)
+        else:
+            capacity = cards.capacity_reason(
+                dev, state.usage[i], memory, req.cores_clamped, req.exclusive, idle_only
+            )
+        reason = cards.static_reason(dev, inv.cordoned, sel) or capacity
         out.append(reason or FITS)
     if placement.status.ok:
         return tuple(out)
@@ -545,6 +578,7 @@ def _cards(
     sel: requests.Selectors,
     reasons: Sequence[str],
     chosen: Collection[str],
+    workload: api.Workload | None = None,
 ) -> tuple[Card, ...]:
     out = []
     for i, dev in enumerate(state.inventory.devices):
@@ -563,9 +597,20 @@ def _cards(
                 cores_total=dev.cores,
                 slots_free=running.free_slots(i),
                 slots_total=dev.split_count,
+                mig=_mig(dev, running.usage[i], workload) if dev.is_mig else None,
             )
         )
     return tuple(out)
+
+
+def _mig(dev: devices.GpuDevice, usage: nodes.CardUsage, workload: api.Workload | None) -> Mig:
+    sl = migs.card_slices(dev, usage, workload)
+    return Mig(
+        instances=tuple(Instance(m.profile, m.start, m.size) for m in usage.mig),
+        slices_total=sl.total,
+        slices_free=sl.free,
+        slices_stranded=round(sl.stranded, 2),
+    )
 
 
 # ----- sentences
@@ -645,6 +690,8 @@ def _change(
             f"next most is {best.cores_free} % on {name} card {best.index}",
             req.cores_clamped - best.cores_free,
         )
+    if reason == status.MIG_PLACEMENT_INFEASIBLE:
+        return _mig_sentence(state, req, same), _FAR
     if reason == status.GPU_SLOTS_EXHAUSTED:
         return (
             f"needs a free task slot on {count} card(s), every slot is taken on {_cardlist(name, idx)}",
@@ -713,6 +760,24 @@ def _link_sentence(
     return (
         f"needs {count} cards linked pairwise by {' and '.join(wants)} ({keys.GPU_TOPOLOGY_REQUIREMENT}), "
         f"the largest such group of usable cards on {state.name} is {group}"
+    )
+
+
+def _mig_sentence(state: nodes.NodeState, req: requests.ContainerRequest, same: Sequence[Card]) -> str:
+    """No free placement of a profile large enough: which profiles serve, and the free slices."""
+    by_uuid = {d.uuid: d for d in state.inventory.devices}
+    first = by_uuid.get(same[0].uuid) if same else None
+    served = ""
+    if first is not None:
+        memory = req.memory_on(first.memory_mib)
+        names = [first.mig_profiles[k].name for k in migs.candidates(first, memory)]
+        served = f" ({', '.join(names)})" if names else ""
+    free = ", ".join(
+        f"card {c.index} {c.mig.slices_free}/{c.mig.slices_total}" for c in same if c.mig is not None
+    )
+    return (
+        f"needs a free placement of a MIG profile that serves the request{served}, "
+        f"none is free on {_cardlist(state.name, [c.index for c in same])} (free slices: {free})"
     )
 
 
