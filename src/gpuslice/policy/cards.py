@@ -128,13 +128,14 @@ def admits(
 
 
 def _mig_admits(dev: devices.GpuDevice, usage: nodes.CardUsage, add: nodes.CardUsage) -> str | None:
-    """A MIG card takes a reservation whose instances are legal, free, and fit memory and cores."""
+    """A MIG card takes a reservation whose instances are legal placements on free slices.
+
+    Memory and cores are not checked here: an instance's share is fixed by its placement, and the
+    profiles' rounded-up core shares add up to more than 100 on a full card (seven ``1g`` of 15 %
+    each), so the slices are the only capacity that binds.
+    """
     if not dev.is_mig or len(add.mig) < add.slots:
         return status.MIG_PLACEMENT_INFEASIBLE  # an instance on a shared card, or a grant without one
-    if dev.memory_mib - usage.memory_mib < add.memory_mib:
-        return status.INSUFFICIENT_GPU_MEMORY
-    if dev.cores - usage.cores < add.cores:
-        return status.INSUFFICIENT_GPU_CORES
     taken = migs.occupied(dev, usage)
     for s in add.mig:
         m = ((1 << s.size) - 1) << s.start

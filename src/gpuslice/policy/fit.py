@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from gpuslice.model import allocations, mig, nodes, requests, status
+from gpuslice.model import allocations, devices, mig, nodes, requests, status
 from gpuslice.policy import api, cards, linkreq
 from gpuslice.policy import mig as migs
 from gpuslice.policy import quota as quotas
@@ -178,7 +178,7 @@ def _attempt(
         if req is None or req.count <= 0:
             out.append(())
             continue
-        if req.count > ndev and not any(d.is_mig for d in inv.devices):
+        if req.count > ndev and not _mig_request(inv, pod.selectors):
             return _Fail((status.INSUFFICIENT_GPU_COUNT,))  # MIG cards may give several instances
         kind = SIDECAR if position in pod.sidecars else INIT if position < pod.init_count else APP
         got = _fit_container(running, req, pod.selectors, policy, ctx, quota, charge, kind, idle_only, link)
@@ -286,6 +286,11 @@ def _fit_container(
         for i, g in zip(chosen, grants, strict=True):
             charge.add(i, kind, g.memory_mib, cores)
     return grants
+
+
+def _mig_request(inv: nodes.NodeInventory, sel: requests.Selectors) -> bool:
+    """HAMi's ``isMIGRequest``: the node has a MIG card and the pod does not rule MIG out."""
+    return (sel.mode is None or devices.MODE_MIG in sel.mode) and any(d.is_mig for d in inv.devices)
 
 
 def _fit_mig(

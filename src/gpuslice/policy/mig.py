@@ -85,12 +85,35 @@ def occupied(dev: devices.GpuDevice, usage: nodes.CardUsage) -> int:
 
 def first_fit(dev: devices.GpuDevice, taken: int, memory_mib: int) -> mig.Slice | None:
     """HAMi's ``selectMigCandidate``: the instance it gives for ``memory_mib``, or None."""
-    t = _table(dev.mig_profiles)
     for k in candidates(dev, memory_mib):
-        for pl, m in zip(t.ordered[k], t.masks[k], strict=True):
-            if not m & taken:
-                return mig.Slice(pl.start, pl.size, t.profiles[k].name)
+        s = _first_free(_table(dev.mig_profiles), k, taken)
+        if s is not None:
+            return s
     return None
+
+
+def placement_for(dev: devices.GpuDevice, taken: int, profile: str) -> mig.Slice | None:
+    """HAMi's ``selectMigPlacement``: the first free placement of the named profile, or None."""
+    t = _table(dev.mig_profiles)
+    for k, p in enumerate(t.profiles):
+        if p.name == profile:
+            return _first_free(t, k, taken)
+    return None
+
+
+def _first_free(t: _Table, k: int, taken: int) -> mig.Slice | None:
+    for pl, m in zip(t.ordered[k], t.masks[k], strict=True):
+        if not m & taken:
+            return mig.Slice(pl.start, pl.size, t.profiles[k].name)
+    return None
+
+
+def mask_of(slices: Sequence[mig.Slice]) -> int:
+    """The slices as a mask (bit k = memory slice k)."""
+    out = 0
+    for s in slices:
+        out |= _mask(s)
+    return out
 
 
 def demand(dev: devices.GpuDevice, workload: api.Workload | None) -> tuple[tuple[int, float], ...]:
