@@ -2,7 +2,8 @@
 
 Request-path metrics are updated by the handlers; per-card allocation gauges use HAMi's names and
 labels (docs/hami-compat.md section 14) and are computed at scrape time from the current cache
-snapshot by a custom collector, so they can never drift from what the policies see.
+snapshot by a custom collector, so they can never drift from what the policies see. The same
+collector counts the memory slices of each card in MIG mode (``gpuslice_mig_slices``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from prometheus_client.registry import Collector
 
 from gpuslice.kube import tlsfiles
 from gpuslice.model import nodes
+from gpuslice.policy import mig as migs
 
 MiB = 1 << 20
 _DEVICE_LABELS = ("node", "device_uuid", "device_index", "device_type", "zone")
+_MIG_LABELS = ("node", "uuid", "state")
 _LATENCY_BUCKETS = (
     0.0002,
     0.0005,
@@ -58,6 +61,13 @@ class DeviceCollector(Collector):
             "hami_gpu_core_allocated_ratio", "Cores allocated on a GPU (percent)", labels=_DEVICE_LABELS
         )
         shared = GaugeMetricFamily("hami_gpu_shared_count", "Tasks sharing a GPU", labels=_DEVICE_LABELS)
+        slices = GaugeMetricFamily(
+            "gpuslice_mig_slices",
+            "Memory slices of a GPU in MIG mode by state: held by GPU instances, free, and stranded "
+            "(of the free ones, those no free placement of any profile covers, averaged over the "
+            "card's profiles; held + free = the card's slices)",
+            labels=_MIG_LABELS,
+        )
         for state in self._states():
             for i, dev in enumerate(state.inventory.devices):
                 labels = [state.name, dev.uuid, str(dev.index), dev.type, "vGPU"]
@@ -67,7 +77,12 @@ class DeviceCollector(Collector):
                 mem_alloc.add_metric(labels, use.memory_mib * MiB)
                 core_alloc.add_metric(labels, use.cores)
                 shared.add_metric(labels, use.slots)
-        yield from (mem_limit, core_limit, mem_alloc, core_alloc, shared)
+                if dev.is_mig and dev.mig_profiles:
+                    sl = migs.card_slices(dev, use, None)
+                    slices.add_metric([state.name, dev.uuid, "held"], sl.held)
+                    slices.add_metric([state.name, dev.uuid, "free"], sl.free)
+                    slices.add_metric([state.name, dev.uuid, "stranded"], sl.stranded)
+        yield from (mem_limit, core_limit, mem_alloc, core_alloc, shared, slices)
 
 
 class Metrics:

@@ -4,7 +4,8 @@ Read-only, from what the extender holds already: the cache's snapshot (nodes, ca
 cordoned and unhealthy cards), the pods charged on each card (``ClusterCache.holders``), the nodes
 the extender will not place on now and why (``Deps.excluded``, e.g. ``NodeLockHeld``), the nodes
 whose registration does not decode, the capacity held for preemptors (``Deps.nominator``),
-the pending GPU pods (``Deps.pending``) with ``explain``'s per-card explanation and, with
+the pending GPU pods (``Deps.pending``) with ``explain``'s per-card explanation, the GPU instances
+and memory slices of each card in MIG mode (``policy.mig.card_slices``) and, with
 ``--shadow-policy``, the shadow-mode comparison (``Shadow.summary``). Nothing here makes an API call.
 
 Fragmentation is FGD's measure (Weng et al., "Beware of Fragmentation", USENIX ATC 2023): the
@@ -43,8 +44,9 @@ from gpuslice.framework import gangs as gang_plans
 from gpuslice.framework import nominations, view
 from gpuslice.framework import pending as pendings
 from gpuslice.framework import profile as profiles
-from gpuslice.model import allocations, nodes, status
-from gpuslice.policy import fragmentation, shares
+from gpuslice.model import allocations, devices, nodes, status
+from gpuslice.policy import api, fragmentation, shares
+from gpuslice.policy import mig as migs
 
 LEARNING = "learning"
 TRUSTED = "trusted"
@@ -76,6 +78,31 @@ class PodOnCard(msgspec.Struct, frozen=True):
     """Reserved by a bind in flight, not yet confirmed by the watch."""
 
 
+class Instance(msgspec.Struct, frozen=True):
+    """A GPU instance held on a MIG card: profile, memory slices ``[start, start + size)``, holder."""
+
+    profile: str
+    start: int
+    size: int
+    pod: str
+    assumed: bool
+
+
+class Mig(msgspec.Struct, frozen=True, kw_only=True):
+    """A card in MIG mode: its instances and memory slices (``policy.mig.card_slices``).
+
+    ``slices_held + slices_free == slices_total``; ``slices_stranded`` counts the free slices no
+    free placement of a profile the learned workload asks for covers (every profile alike while
+    the workload is learning), so possibly a fraction.
+    """
+
+    instances: tuple[Instance, ...]
+    slices_total: int
+    slices_held: int
+    slices_free: int
+    slices_stranded: float
+
+
 class Card(msgspec.Struct, frozen=True, kw_only=True):
     """One registered card, what is allocated on it and by whom."""
 
@@ -97,6 +124,8 @@ class Card(msgspec.Struct, frozen=True, kw_only=True):
     """Capacity held for a preemptor while its victims leave (counted in ``used_*``)."""
     temperature_c: float | None = None
     utilization_pct: float | None = None
+    mig: Mig | None = None
+    """On a card in MIG mode, its instances and slices; None otherwise."""
 
 
 class Fragmentation(msgspec.Struct, frozen=True):
@@ -288,13 +317,39 @@ def shadow_section(source: Source) -> ShadowFn:
     return section
 
 
+def mig_view(
+    dev: devices.GpuDevice, use: nodes.CardUsage, held: Sequence[caches.Holder], workload: api.Workload | None
+) -> Mig:
+    """A MIG card's instances (by start, each with the pod holding it) and slices."""
+    sl = migs.card_slices(dev, use, workload)
+    owners = [(s, h.pod, h.assumed) for h in held for s in h.usage.mig]
+    instances = tuple(
+        Instance(s.profile, s.start, s.size, pod, assumed) for s, pod, assumed in sorted(owners)
+    )
+    return Mig(
+        instances=instances,
+        slices_total=sl.total,
+        slices_held=sl.held,
+        slices_free=sl.free,
+        slices_stranded=round(sl.stranded, 2),
+    )
+
+
 def card_view(
-    state: nodes.NodeState, i: int, held: Sequence[caches.Holder], reserved: Sequence[PodOnCard] = ()
+    state: nodes.NodeState,
+    i: int,
+    held: Sequence[caches.Holder],
+    reserved: Sequence[PodOnCard] = (),
+    workload: api.Workload | None = None,
 ) -> Card:
-    """Card ``i`` of a node with the pods the cache charges on it and what it holds for preemptors."""
+    """Card ``i`` of a node with the pods the cache charges on it and what it holds for preemptors.
+
+    ``workload``: the learned workload a MIG card's stranded slices are counted against.
+    """
     inv = state.inventory
     dev = inv.devices[i]
     use = state.usage[i]
+    here = [h for h in held if h.node == inv.name]
     marks = []
     if dev.uuid in inv.cordoned:
         marks.append(CORDONED)
@@ -315,13 +370,12 @@ def card_view(
         free_milli=shares.card_free_milli(state, i),
         marks=tuple(marks),
         pods=tuple(
-            PodOnCard(h.pod, h.usage.memory_mib, h.usage.cores, h.usage.slots, h.assumed)
-            for h in held
-            if h.node == inv.name
+            PodOnCard(h.pod, h.usage.memory_mib, h.usage.cores, h.usage.slots, h.assumed) for h in here
         ),
         held=tuple(reserved),
         temperature_c=None if tel is None else tel.temperature_c,
         utilization_pct=None if tel is None else tel.utilization_pct,
+        mig=mig_view(dev, use, here, workload) if dev.is_mig else None,
     )
 
 
@@ -373,13 +427,14 @@ class ClusterView:
             for uuid, held_here in held_cards(plans.holder.nominations()).items():
                 reserved.setdefault(uuid, []).extend(held_here)
         measure = self._measure_for(snap)
+        workload = view.workload(snap)
         excluded = dict(src.excluded)
         out = []
         total_frag = total_free = 0
         for name in sorted(snap.nodes):
             state = snap.nodes[name]
             cards = tuple(
-                card_view(state, i, held.get(d.uuid, ()), reserved.get(d.uuid, ()))
+                card_view(state, i, held.get(d.uuid, ()), reserved.get(d.uuid, ()), workload)
                 for i, d in enumerate(state.inventory.devices)
             )
             frag = None if measure is None else node_fragmentation(measure, state)
