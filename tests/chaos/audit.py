@@ -80,9 +80,11 @@ class CardUse:
         """Why this card is over-committed (empty when it is not)."""
         d = self.device
         out = []
-        if self.memory_mib > d.memory_mib:
+        # A MIG card's instances are checked by placement (``migaudit``): profile cores are rounded
+        # up, so seven 1g instances of an A100 hold 105 % in sum.
+        if self.memory_mib > d.memory_mib and not d.is_mig:
             out.append(f"memory {self.memory_mib} > {d.memory_mib} MiB")
-        if self.cores > d.cores:
+        if self.cores > d.cores and not d.is_mig:
             out.append(f"cores {self.cores} > {d.cores}")
         if self.slots > d.split_count:
             out.append(f"slots {self.slots} > {d.split_count}")
@@ -267,7 +269,7 @@ def api_usage(
             a["cores"] += use.cores
             a["slots"] += use.slots
             a["pods"].append(key)
-            if owner[1].cores > 0 and use.cores >= owner[1].cores:
+            if owner[1].cores > 0 and use.cores >= owner[1].cores and not owner[1].is_mig:
                 a["exclusive"].append(key)
     for uuid, (node_name, dev) in card_node.items():
         a = acc[uuid]

@@ -12,7 +12,9 @@ Problems reported, one line each:
 - a pod whose ``hami.io/vgpu-node`` differs from ``spec.nodeName``, or that claims cards while
   unbound (a bind writes the claim just before the Binding, so at rest there is none);
 - a grant on a card that the pod's node does not register;
-- a card whose granted memory, cores or slots (one per container grant) exceed its registration;
+- a card whose granted memory, cores or slots (one per container grant) exceed its registration
+  (on a MIG card only slots: its instances are checked by placement, and the profiles' cores are
+  rounded up, so seven ``1g`` instances of an A100 hold 105 % in sum);
 - a card held whole by one pod (all its memory, or all of a 100-core card's cores: HAMi's exclusive
   card) and shared with another pod;
 - an annotation that does not decode;
@@ -91,6 +93,7 @@ def audit(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]])
     nodes, pods = list(nodes), list(pods)
     cards, problems = registered(nodes)
     problems.extend(migaudit.findings(nodes, pods))
+    mig_cards = {u for u, c in migaudit.cards_of(nodes).items() if c.mode == migaudit.MODE_MIG}
     use = {uuid: Use() for uuid in cards}
     for pod in pods:
         if not counted(pod):
@@ -126,9 +129,9 @@ def audit(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]])
     for uuid, u in use.items():
         card = cards[uuid]
         where = f"card {card.node}/{card.index} ({uuid})"
-        if u.memory_mib > card.memory_mib:
+        if u.memory_mib > card.memory_mib and uuid not in mig_cards:
             problems.append(f"{where}: {u.memory_mib} MiB granted, {card.memory_mib} registered")
-        if u.cores > card.cores:
+        if u.cores > card.cores and uuid not in mig_cards:
             problems.append(f"{where}: {u.cores} % cores granted, {card.cores} registered")
         if u.grants > card.slots:
             problems.append(f"{where}: {u.grants} grants, {card.slots} slots")

@@ -86,6 +86,20 @@ def test_a_clean_read_has_no_findings_in_any_audit() -> None:
     assert sorted((x.start, x.size) for x in held[A]) == [(0, 2), (5, 1), (6, 1)]
 
 
+def test_seven_1g_instances_are_not_over_committed_cores() -> None:
+    # Profile cores are rounded up: 7 x 15 = 105 % of a card that registers 100.
+    pods = [pod("one", (grant(A, "1g.5gb", 0), grant(A, "1g.5gb", 1), grant(A, "1g.5gb", 2)))]
+    pods += [pod(f"p{s}", (grant(A, "1g.5gb", s),)) for s in range(3, 7)]
+    assert migaudit.findings([node()], pods) == []
+    assert gpuaudit.audit([node()], pods).problems == []
+    report = chaos_audit.api_usage([node()], pods)
+    assert report.cards[A].cores == 105 and report.problems() == []
+    # A hami-core card still has its sums checked.
+    shared = [pod(f"s{i}", (allocations.DeviceGrant(SHARED, 1000, 60),)) for i in range(2)]
+    assert any("cores" in p for p in gpuaudit.audit([node()], shared).problems)
+    assert any("cores 120 > 100" in p for p in chaos_audit.api_usage([node()], shared).problems())
+
+
 def test_overlapping_instances_across_pods() -> None:
     pods = [*clean(), pod("clash", (grant(A, "2g.10gb", 4),))]  # slices 4-5: 5 is "small"'s
     (f,) = migaudit.findings([node()], pods)
