@@ -9,7 +9,9 @@ It reads the node's GPUs through NVML and publishes, on its own Node:
   sampled every ``--telemetry-interval`` and patched only on a material change or when stale;
 - with ``--register``, ``hami.io/node-nvidia-register`` (split count, memory and core scaling),
   for clusters that do not run HAMi's device plugin; unhealthy cards are registered
-  ``health: false``.
+  ``health: false``. A card in MIG mode registers as HAMi's device plugin does (``register.go``):
+  mode ``mig``, its GPU-instance profiles (``migProfiles``, read from NVML, or the ones
+  ``--mig-profiles`` allows), count = the most instances of a profile, 100 cores, no scaling.
 
 Critical XIDs, double-bit ECC and lost GPUs mark a card unhealthy (application XIDs 13, 31, 43,
 45 and 68 do not) and raise a ``GPUUnhealthy`` Warning event on the Node; after a quiet period the

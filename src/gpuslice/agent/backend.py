@@ -12,6 +12,7 @@ a field is ``None`` when the card does not support the call. Interpreting them i
 from __future__ import annotations
 
 import enum
+import math
 from typing import Protocol
 
 import msgspec
@@ -47,6 +48,8 @@ class GpuRecord(msgspec.Struct, frozen=True, kw_only=True):
             (``nvmlDeviceGetMaxPcieLinkGeneration``).
         pcie_max_width: widest link of the card in this system (``nvmlDeviceGetMaxPcieLinkWidth``).
         architecture: ``nvmlDeviceArchitecture_t`` (e.g. 7 Ampere, 9 Hopper).
+        mig_profiles: for a card in MIG mode, the GPU-instance profiles NVML offers on it
+            (empty otherwise, and for profiles the card does not support).
 
     The PCIe and architecture fields are None where NVML does not answer.
     """
@@ -63,6 +66,51 @@ class GpuRecord(msgspec.Struct, frozen=True, kw_only=True):
     pcie_max_generation: int | None = None
     pcie_max_width: int | None = None
     architecture: int | None = None
+    mig_profiles: tuple[MigProfileRecord, ...] = ()
+
+
+class MigProfileRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU-instance profile as NVML describes it (``nvmlGpuInstanceProfileInfo_v2_t``).
+
+    Attributes:
+        profile: the ``NVML_GPU_INSTANCE_PROFILE_*`` index it was asked for.
+        name: NVIDIA's profile name without the ``MIG`` prefix, e.g. ``1g.10gb``.
+        slice_count: compute slices (``sliceCount``).
+        instance_count: how many instances of it fit on an empty card (``instanceCount``).
+        multiprocessors: streaming multiprocessors of one instance (``multiprocessorCount``).
+        memory_mib: memory of one instance (``memorySizeMB``).
+        placements: ``(start, size)`` in memory slices, as
+            ``nvmlDeviceGetGpuInstancePossiblePlacements`` lists them.
+    """
+
+    profile: int
+    name: str
+    slice_count: int
+    instance_count: int
+    multiprocessors: int
+    memory_mib: int
+    placements: tuple[tuple[int, int], ...] = ()
+
+
+MIG_PROFILE_IDS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 9)
+"""The GPU-instance profiles the agent reads: ``NVML_GPU_INSTANCE_PROFILE_1_SLICE`` (0), 2 (1),
+3 (2), 4 (3), 7 (4), 8 (5) and 6 (6) slices, and ``1_SLICE_REV2`` (9), the 1g profile with two
+memory slices (``1g.20gb`` on an 80 GB card). Media-extension variants (``+me``: ``1_SLICE_REV1``,
+``2_SLICE_REV1``, ``*_ALL_ME``, ``*_NO_ME``) and graphics variants (``*_GFX``) occupy the same
+slices as their plain profile and are not published."""
+
+
+def mig_profile_name(slice_count: int, memory_mib: int, card_memory_mib: int) -> str:
+    """NVIDIA's name for a profile, ``<slices>g.<GB>gb``, from its size (NVIDIA go-nvlib's rule).
+
+    The instance's share of the card's memory is rounded up to an eighth, times the card's
+    memory in whole GiB (rounded up), rounded: 4864 MiB of a 40960 MiB A100 is ``1g.5gb``.
+    """
+    if card_memory_mib <= 0:
+        return f"{slice_count}g.{math.floor(memory_mib / 1024 + 0.5)}gb"
+    share = math.ceil(memory_mib / card_memory_mib * 8) / 8
+    card_gib = -(-card_memory_mib // 1024)
+    return f"{slice_count}g.{math.floor(share * card_gib + 0.5)}gb"  # Go's math.Round: half away
 
 
 class NvLinkRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -42,6 +42,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split-count", type=int, default=10, help="slots per card in the registration")
     parser.add_argument("--memory-scaling", type=float, default=1.0, help="registered memory = MiB x this")
     parser.add_argument("--core-scaling", type=float, default=1.0, help="registered cores = 100 x this")
+    parser.add_argument(
+        "--mig-profiles",
+        action="append",
+        default=[],
+        metavar="MODELS=PROFILES",
+        help=(
+            "MIG profiles cards in MIG mode register, HAMi's migProfileAllowlist: e.g. "
+            "'A100-SXM4-40GB,A100-PCIE-40GB=1g.5gb,2g.10gb,3g.20gb,7g.40gb' (repeatable; the first "
+            "entry naming a card's model applies; default: every profile NVML offers)"
+        ),
+    )
     parser.add_argument("--refresh", type=float, default=300.0, help="discovery period in seconds")
     parser.add_argument("--telemetry-interval", type=float, default=60.0, help="telemetry period in seconds")
     parser.add_argument(
@@ -85,13 +96,27 @@ def open_backend(spec: str) -> Callable[[], backend.Backend]:
     return real
 
 
+def parse_mig_allowlist(spec: str) -> discover.MigAllowlist:
+    """``MODEL[,MODEL...]=PROFILE[,PROFILE...]`` as an allowlist entry; raises ``ValueError``."""
+    models, eq, profiles = spec.partition("=")
+    if not eq:
+        raise ValueError(f"--mig-profiles {spec!r}: expected MODELS=PROFILES")
+    return discover.MigAllowlist(
+        models=tuple(m.strip() for m in models.split(",") if m.strip()),
+        profiles=tuple(p.strip() for p in profiles.split(",") if p.strip()),
+    )
+
+
 def _settings(args: argparse.Namespace, node_name: str) -> service.Settings:
     xids = frozenset(int(x) for x in args.ignore_xids.split(",") if x.strip())
     return service.Settings(
         node_name=node_name,
         register=args.register,
         registration=discover.RegistrationConfig(
-            split_count=args.split_count, memory_scaling=args.memory_scaling, core_scaling=args.core_scaling
+            split_count=args.split_count,
+            memory_scaling=args.memory_scaling,
+            core_scaling=args.core_scaling,
+            mig_allowlist=tuple(parse_mig_allowlist(spec) for spec in args.mig_profiles),
         ),
         refresh_s=args.refresh,
         telemetry_s=args.telemetry_interval,

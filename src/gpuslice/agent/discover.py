@@ -13,7 +13,28 @@ from collections.abc import Mapping
 import msgspec
 
 from gpuslice.agent import backend, bandwidth, collect
-from gpuslice.model import devices, nodes, topology
+from gpuslice.model import devices, mig, nodes, topology
+
+
+@dataclasses.dataclass(frozen=True)
+class MigAllowlist:
+    """Which MIG profiles cards of some models publish (one entry of HAMi's ``migProfileAllowlist``).
+
+    Attributes:
+        models: substrings of the registered card type (``NVIDIA A100-SXM4-40GB`` matches ``A100-SXM4``).
+        profiles: profile names, e.g. ``1g.10gb``.
+    """
+
+    models: tuple[str, ...]
+    profiles: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.models or not self.profiles:
+            raise ValueError("a MIG profile allowlist entry needs models and profiles")
+        for name in self.profiles:
+            head, dot, _ = name.partition(".")
+            if not dot or len(head) < 2 or not head.endswith("g") or not head[:-1].isdigit():
+                raise ValueError(f"invalid MIG profile {name!r} (expected e.g. 1g.10gb)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,11 +45,14 @@ class RegistrationConfig:
         split_count: slots per card (``deviceSplitCount``).
         memory_scaling: multiplies the card's memory (``deviceMemoryScaling``).
         core_scaling: multiplies the 100 cores of a card (``deviceCoreScaling``).
+        mig_allowlist: the MIG profiles cards in MIG mode publish (``migProfileAllowlist``);
+            empty: every profile NVML offers (HAMi publishes none without an allowlist).
     """
 
     split_count: int = 10
     memory_scaling: float = 1.0
     core_scaling: float = 1.0
+    mig_allowlist: tuple[MigAllowlist, ...] = ()
 
     def __post_init__(self) -> None:
         if self.split_count < 1:
@@ -144,7 +168,12 @@ def discover(
                 f"GPU {g.index}: unusable identity (uuid {g.uuid!r}, bus id {g.pci_bus_id!r}); left out"
             )
             continue
-        if int(g.memory_total_mib * config.memory_scaling) <= 0:
+        if g.mig_enabled and not published_profiles(g, config):
+            # HAMi's device plugin skips such a card: nothing could be placed on it.
+            notes.append(f"GPU {g.index}: MIG mode but no MIG profile to publish; left out")
+            continue
+        scaling = 1.0 if g.mig_enabled else config.memory_scaling  # HAMi does not scale MIG cards
+        if int(g.memory_total_mib * scaling) <= 0:
             # The extender rejects a registration with a zero-capacity card (a whole node lost).
             notes.append(f"GPU {g.index}: NVML reports no memory; left out")
             continue
@@ -221,7 +250,80 @@ def discover(
     )
 
 
+def profile_cores(multiprocessors: int, full: int) -> int:
+    """A profile's cores: its share of the largest profile's multiprocessors in percent, rounded up.
+
+    HAMi's ``discoverMigProfiles`` (``pkg/device-plugin/nvidiadevice/nvinternal/plugin/register.go``);
+    0 when no profile reports multiprocessors.
+    """
+    return -(-multiprocessors * 100 // full) if full > 0 else 0
+
+
+def mig_profiles(records: tuple[backend.MigProfileRecord, ...]) -> tuple[mig.Profile, ...]:
+    """NVML's profile records as registered profiles, cores relative to the largest profile."""
+    full = max((r.multiprocessors for r in records), default=0)
+    return tuple(
+        mig.Profile(
+            name=r.name,
+            memory_mib=r.memory_mib,
+            cores=profile_cores(r.multiprocessors, full),
+            slice_count=r.slice_count,
+            placements=tuple(mig.Placement(start, size) for start, size in r.placements),
+        )
+        for r in records
+    )
+
+
+def published_profiles(g: backend.GpuRecord, config: RegistrationConfig) -> tuple[mig.Profile, ...]:
+    """The profiles a card in MIG mode registers.
+
+    Without an allowlist, every profile NVML offers. With one, as HAMi: the first entry naming
+    the card's model decides; each allowed name is the card's profile of that name or, failing
+    that, the plain profile with as many compute slices (``1g.10gb`` -> the ``1g`` profile),
+    registered under the allowed name; a model no entry names publishes nothing.
+    """
+    offered = mig_profiles(g.mig_profiles)
+    if not config.mig_allowlist:
+        return offered
+    model = hami_type(g.name)
+    entry = next((e for e in config.mig_allowlist if any(m in model for m in e.models)), None)
+    if entry is None:
+        return ()
+    plain = {
+        r.slice_count: p for r, p in zip(g.mig_profiles, offered, strict=True) if r.profile in _PLAIN_PROFILES
+    }
+    out: list[mig.Profile] = []
+    for name in entry.profiles:
+        found = mig.find(offered, name)
+        if found is None:
+            base = plain.get(int(name.partition("g")[0]))
+            found = None if base is None else msgspec.structs.replace(base, name=name)
+        if found is not None and mig.find(out, name) is None:
+            out.append(found)
+    return tuple(out)
+
+
+_PLAIN_PROFILES = frozenset({0, 1, 2, 3, 4, 5, 6})
+"""``NVML_GPU_INSTANCE_PROFILE_{1,2,3,4,7,8,6}_SLICE``: what HAMi's slice key (``1g``) names."""
+
+
 def _device(g: backend.GpuRecord, config: RegistrationConfig, healthy: bool) -> devices.GpuDevice:
+    if g.mig_enabled:
+        # HAMi's register.go: no memory or core scaling; count = the most instances of any profile.
+        profiles = published_profiles(g, config)
+        counts = {r.name: r.instance_count for r in g.mig_profiles}
+        return devices.GpuDevice(
+            uuid=g.uuid,
+            index=g.index,
+            type=hami_type(g.name),
+            memory_mib=g.memory_total_mib,
+            cores=devices.FULL_CORES,
+            split_count=max((_instances(p, counts) for p in profiles), default=0),
+            numa=max(g.numa_node or 0, 0),
+            mode=devices.MODE_MIG,
+            health=healthy,
+            mig_profiles=profiles,
+        )
     return devices.GpuDevice(
         uuid=g.uuid,
         index=g.index,
@@ -230,9 +332,14 @@ def _device(g: backend.GpuRecord, config: RegistrationConfig, healthy: bool) -> 
         cores=int(devices.FULL_CORES * config.core_scaling),
         split_count=config.split_count,
         numa=max(g.numa_node or 0, 0),
-        mode=devices.MODE_MIG if g.mig_enabled else devices.MODE_HAMI_CORE,
+        mode=devices.MODE_HAMI_CORE,
         health=healthy,
     )
+
+
+def _instances(p: mig.Profile, counts: Mapping[str, int]) -> int:
+    """Instances of a published profile: NVML's count, or its placements for a renamed one."""
+    return counts.get(p.name, len(p.placements))
 
 
 def card_telemetry(

@@ -17,7 +17,20 @@ Shapes (``fake:<name>`` on the command line):
 * ``a40-2``: two A40s joined by an NVLink bridge (4 links, remote type GPU) on one socket.
 * ``l40s-2``: two L40S, one per socket. The L40S has no NVLink connector, so the pair is PCIe
   SYSTEM only; the bridged two-card shape is ``a40-2``.
+* ``h100-8-mig``: ``h100-8`` with every card in MIG mode.
+* ``a100-80g-4-mixed``: four A100-SXM4-80GB behind NVSwitches (12 NVLink 3.0 links each), two per
+  socket; cards 0 and 1 in MIG mode, 2 and 3 shared (a "mixed" MIG node).
 * ``none``: a node where NVML works but sees no GPU.
+
+MIG profiles (``MIG_RECORDS`` as NVML describes them, ``MIG_PROFILES`` as they are registered)
+follow NVIDIA's Multi-Instance GPU User Guide, "Supported MIG Profiles"
+(https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html): names,
+instance counts and placements in memory slices (8 on A100/H100/H200, 4 on A30). The guide gives
+memory and multiprocessors only as fractions; the MiB (``memorySizeMB``) and SM counts here are
+what ``nvidia-smi mig -lgip`` lists for the A100 40GB/80GB and H100 80GB (GiB x 1024; the A100
+values agree with NVIDIA's go-nvml mock), while the H200 and A30 memory figures are estimates
+(the H100's per-slice share scaled to the H200's 143771 MiB, the A30's slices a quarter of 24 GB)
+that reproduce the guide's names. Drivers differ by a few MiB; nothing here was read from a card.
 
 Links and PCIe as NVML reports them on such machines: NVLink 4.0 (``nvmlNvlinkVersion_t`` 6) on
 H100, 3.0 (4) on the A40 bridge; PCIe Gen5 x16 on H100 SXM5, Gen4 x16 on A100 PCIe, A40 and L40S,
@@ -34,7 +47,8 @@ import threading
 
 import msgspec
 
-from gpuslice.agent import backend
+from gpuslice.agent import backend, discover
+from gpuslice.model import mig
 
 _CHIPSET_NOT_SUPPORTED = 1
 _IOH_TOPOLOGY_NOT_SUPPORTED = 3
@@ -260,6 +274,151 @@ def _l40s_2() -> Shape:
     )
 
 
+_P1, _P2, _P3, _P4, _P7, _P1_DOUBLE = 0, 1, 2, 3, 4, 9  # NVML_GPU_INSTANCE_PROFILE_* indices
+
+
+def _profile(
+    profile: int, name: str, memory_mib: int, sms: int, starts: range, size: int
+) -> backend.MigProfileRecord:
+    return backend.MigProfileRecord(
+        profile=profile,
+        name=name,
+        slice_count=int(name.partition("g")[0]),
+        instance_count=len(starts),
+        multiprocessors=sms,
+        memory_mib=memory_mib,
+        placements=tuple((start, size) for start in starts),
+    )
+
+
+def _eight_slices(
+    names: tuple[str, str, str, str, str, str], memory: tuple[int, int, int, int], sms: tuple[int, ...]
+) -> tuple[backend.MigProfileRecord, ...]:
+    """A100/H100/H200: 1g, 1g with two memory slices, 2g, 3g, 4g, 7g.
+
+    Args:
+        names: the six profile names in that order.
+        memory: MiB of one, two, four and eight memory slices' worth (1g, 2g, 3g/4g, 7g).
+        sms: multiprocessors of 1g, the double-memory 1g, 2g, 3g, 4g and 7g.
+    """
+    one, two, four, eight = memory
+    return (
+        _profile(_P1, names[0], one, sms[0], range(0, 7), 1),
+        _profile(_P1_DOUBLE, names[1], two, sms[1], range(0, 8, 2), 2),
+        _profile(_P2, names[2], two, sms[2], range(0, 6, 2), 2),
+        _profile(_P3, names[3], four, sms[3], range(0, 8, 4), 4),
+        _profile(_P4, names[4], four, sms[4], range(0, 1), 4),
+        _profile(_P7, names[5], eight, sms[5], range(0, 1), 8),
+    )
+
+
+_A100_SMS = (14, 14, 28, 42, 56, 98)
+_H100_SMS = (16, 26, 32, 60, 64, 132)
+
+MIG_RECORDS: dict[str, tuple[backend.MigProfileRecord, ...]] = {
+    "A100-SXM4-40GB": _eight_slices(
+        ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
+        (4864, 9856, 19968, 40192),
+        _A100_SMS,
+    ),
+    "A100-SXM4-80GB": _eight_slices(
+        ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+        (9856, 19968, 40192, 80384),
+        _A100_SMS,
+    ),
+    "H100-SXM5-80GB": _eight_slices(
+        ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+        (9984, 20096, 40448, 81152),
+        _H100_SMS,
+    ),
+    "H200": _eight_slices(
+        ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
+        (17536, 35328, 71296, 142976),
+        _H100_SMS,
+    ),
+    "A30-24GB": (
+        _profile(_P1, "1g.6gb", 5952, 14, range(0, 4), 1),
+        _profile(_P2, "2g.12gb", 12160, 28, range(0, 4, 2), 2),
+        _profile(_P4, "4g.24gb", 24320, 56, range(0, 1), 4),
+    ),
+}
+"""GPU-instance profiles per product (the guide's product names), as NVML reports them."""
+
+MIG_PROFILES: dict[str, tuple[mig.Profile, ...]] = {
+    model: discover.mig_profiles(records) for model, records in MIG_RECORDS.items()
+}
+"""The same profiles as the agent registers them (``migProfiles``): cores are HAMi's
+``ceil(SMs x 100 / the largest profile's SMs)``."""
+
+NVML_NAMES = {
+    "A100-SXM4-40GB": "NVIDIA A100-SXM4-40GB",
+    "A100-SXM4-80GB": "NVIDIA A100-SXM4-80GB",
+    "H100-SXM5-80GB": "NVIDIA H100 80GB HBM3",
+    "H200": "NVIDIA H200",
+    "A30-24GB": "NVIDIA A30",
+}
+"""The name NVML gives each product (what the registration's ``type`` is made from)."""
+
+MEMORY_MIB = {
+    "A100-SXM4-40GB": 40960,
+    "A100-SXM4-80GB": 81920,
+    "H100-SXM5-80GB": 81559,
+    "H200": 143771,
+    "A30-24GB": 24576,
+}
+"""Total memory NVML reports for each product (MiB)."""
+
+
+def _with_mig(machine: Shape, name: str, model: str, cards: range) -> Shape:
+    """The shape with ``cards`` switched to MIG mode, offering ``model``'s profiles."""
+    gpus = tuple(
+        msgspec.structs.replace(
+            g, uuid=fake_uuid(name, g.index), mig_enabled=True, mig_profiles=MIG_RECORDS[model]
+        )
+        if g.index in cards
+        else msgspec.structs.replace(g, uuid=fake_uuid(name, g.index))
+        for g in machine.gpus
+    )
+    return dataclasses.replace(machine, name=name, gpus=gpus)
+
+
+def _h100_8_mig() -> Shape:
+    return _with_mig(_h100_8(), "h100-8-mig", "H100-SXM5-80GB", range(8))
+
+
+def _a100_80g_4_mixed() -> Shape:
+    buses = [0x07, 0x0F, 0x87, 0x90]
+    numa: list[int | None] = [0, 0, 1, 1]
+    switches = [_bus(0xC1 + k) for k in range(6)]  # HGX A100: six NVSwitches, two links to each
+    links = [
+        [
+            backend.NvLinkRecord(
+                link=k, remote_bus_id=switches[k // 2], remote_type=backend.REMOTE_SWITCH, version=_NVLINK_3_0
+            )
+            for k in range(12)
+        ]
+        for _ in buses
+    ]
+    level: list[list[int | None]] = [
+        [_NODE if numa[a] == numa[b] else _SYSTEM for b in range(4)] for a in range(4)
+    ]
+    plain = _build(
+        "a100-80g-4-mixed",
+        NVML_NAMES["A100-SXM4-80GB"],
+        MEMORY_MIB["A100-SXM4-80GB"],
+        buses,
+        numa,
+        level,
+        [[True] * 4 for _ in range(4)],
+        links,
+        400.0,
+        False,
+        pcie=(4, 16),
+        architecture=_ARCH_AMPERE,
+    )
+    return _with_mig(plain, "a100-80g-4-mixed", "A100-SXM4-80GB", range(2))
+
+
 def _none() -> Shape:
     return Shape(name="none", gpus=(), nvlinks=(), levels=(), p2p=(), telemetry=())
 
@@ -270,6 +429,8 @@ SHAPES = {
     "t4-4": _t4_4,
     "a40-2": _a40_2,
     "l40s-2": _l40s_2,
+    "h100-8-mig": _h100_8_mig,
+    "a100-80g-4-mixed": _a100_80g_4_mixed,
     "none": _none,
 }
 """Shape builders by name."""

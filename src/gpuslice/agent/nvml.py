@@ -7,6 +7,8 @@ with a clear reason. No interpretation happens here (see ``agent.discover``).
 
 from __future__ import annotations
 
+import ctypes
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,9 @@ _AFFINITY_SCOPE_NODE = 0  # NVML_AFFINITY_SCOPE_NODE
 _NODE_SET_WORDS = 4  # nodeSetSize for nvmlDeviceGetMemoryAffinity: 64 NUMA nodes a word, 256 in all
 _NO_ANSWER = (3, 2, 6, 13)  # NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND, FUNCTION_NOT_FOUND
 _TIMEOUT = 10
+_MAX_PLACEMENTS = 32  # room for every placement of one profile (8 memory slices at most today)
+_MIG_PREFIX = "MIG "
+_PROFILE_NAME = re.compile(r"^\d+g\.\d+gb(\+[a-z,]+)?$")  # 1g.10gb, 1g.10gb+me
 
 _REASONS = {
     12: backend.REASON_LIBRARY_MISSING,
@@ -140,20 +145,66 @@ class NvmlBackend:
             )
         ]
         gen, width, max_gen, max_width, arch = (None if v is None else int(v) for v in pcie)
+        mig_enabled = None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
+        memory_mib = int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024)
         return backend.GpuRecord(
             index=i,
             uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
             name=_text(pynvml.nvmlDeviceGetName(h)),
-            memory_total_mib=int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024),
+            memory_total_mib=memory_mib,
             pci_bus_id=bus_id,
             numa_node=self._numa(h, bus_id),
-            mig_enabled=None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
+            mig_enabled=mig_enabled,
             pcie_generation=gen,
             pcie_width=width,
             pcie_max_generation=max_gen,
             pcie_max_width=max_width,
             architecture=arch,
+            mig_profiles=self._mig_profiles(h, memory_mib) if mig_enabled else (),
         )
+
+    def _mig_profiles(self, h: Any, memory_mib: int) -> tuple[backend.MigProfileRecord, ...]:
+        """The GPU-instance profiles of a card in MIG mode; a profile the card refuses is skipped.
+
+        ``nvmlDeviceGetGpuInstanceProfileInfo`` (the v2 struct, with the profile's name; v1 on
+        older drivers, named by ``backend.mig_profile_name``) for each
+        profile in ``backend.MIG_PROFILE_IDS``, then its placements by the profile's ``id``.
+        NOT_SUPPORTED / INVALID_ARGUMENT (the card has no such profile) skip it, as HAMi's
+        ``discoverMigProfiles`` skips a profile whose query fails.
+        """
+        out: list[backend.MigProfileRecord] = []
+        for profile in backend.MIG_PROFILE_IDS:
+            info = self._optional(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, profile)
+            if info is None:  # a driver without the v2 call (FUNCTION_NOT_FOUND): the v1 struct
+                info = self._optional(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, profile, 1)
+            if info is None or int(info.instanceCount) == 0:
+                continue
+            placements = self._optional(self._placements, h, int(info.id))
+            if not placements:
+                continue
+            name = _text(getattr(info, "name", b"")).strip().removeprefix(_MIG_PREFIX).strip()
+            if not _PROFILE_NAME.match(name):  # v1 struct or an unexpected form: NVIDIA's naming rule
+                name = backend.mig_profile_name(int(info.sliceCount), int(info.memorySizeMB), memory_mib)
+            out.append(
+                backend.MigProfileRecord(
+                    profile=profile,
+                    name=name,
+                    slice_count=int(info.sliceCount),
+                    instance_count=int(info.instanceCount),
+                    multiprocessors=int(info.multiprocessorCount),
+                    memory_mib=int(info.memorySizeMB),
+                    placements=placements,
+                )
+            )
+        return tuple(out)
+
+    @staticmethod
+    def _placements(h: Any, profile_id: int) -> tuple[tuple[int, int], ...]:
+        """``nvmlDeviceGetGpuInstancePossiblePlacements``: ``(start, size)`` per legal placement."""
+        array = (pynvml.c_nvmlGpuInstancePlacement_t * _MAX_PLACEMENTS)()
+        count = ctypes.c_uint(_MAX_PLACEMENTS)
+        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, array, ctypes.byref(count))
+        return tuple((int(array[k].start), int(array[k].size)) for k in range(count.value))
 
     def _numa(self, h: Any, bus_id: str) -> int | None:
         """The NUMA node of the CPUs and memory near the card (``nvidia-smi topo -m``'s "NUMA Affinity").

@@ -103,9 +103,18 @@ def test_unknown_numa_is_zero_with_a_note() -> None:
 
 def test_mig_mode_registers_as_mig() -> None:
     m = fake.shape("a100-8-2numa")
-    gpus = (msgspec.structs.replace(m.gpus[0], mig_enabled=True), *m.gpus[1:])
+    profiles = fake.MIG_RECORDS["A100-SXM4-40GB"]  # the PCIe card offers the SXM4 40GB profiles
+    gpus = (msgspec.structs.replace(m.gpus[0], mig_enabled=True, mig_profiles=profiles), *m.gpus[1:])
     d = found(fake.Shape(m.name, gpus, m.nvlinks, m.levels, m.p2p, m.telemetry))
     assert [x.mode for x in d.devices[:2]] == [devices.MODE_MIG, devices.MODE_HAMI_CORE]
+
+
+def test_mig_card_without_profiles_is_left_out() -> None:
+    m = fake.shape("a100-8-2numa")
+    gpus = (msgspec.structs.replace(m.gpus[0], mig_enabled=True), *m.gpus[1:])
+    d = found(fake.Shape(m.name, gpus, m.nvlinks, m.levels, m.p2p, m.telemetry))
+    assert [x.index for x in d.devices] == list(range(1, 8))
+    assert any("GPU 0: MIG mode but no MIG profile" in n for n in d.notes)
 
 
 def test_asymmetric_links_score_zero() -> None:

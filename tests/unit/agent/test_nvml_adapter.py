@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import pathlib
 import types
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from unittest import mock
 
 import pytest
 
-from gpuslice.agent import backend, collect, discover, nvml
+from gpuslice.agent import backend, collect, discover, fake, nvml
 
 pytestmark = pytest.mark.unit
 
@@ -217,4 +218,83 @@ def test_lost_gpu_while_enumerating() -> None:
         b = nvml.NvmlBackend()
         with pytest.raises(backend.BackendError) as e:
             b.gpus()
+    assert e.value.reason == backend.REASON_GPU_LOST
+
+
+class Placement(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+def mig_stub(*, name: bool = True) -> types.SimpleNamespace:
+    """Card 0 in MIG mode offering the A100 40GB table (1g.10gb unsupported, 6g/8g invalid); card 1 not."""
+    stub = stub_pynvml()
+    table = {r.profile: r for r in fake.MIG_RECORDS["A100-SXM4-40GB"]}
+    stub.nvmlDeviceGetName = lambda h: b"NVIDIA A100-SXM4-40GB"
+    stub.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=40960 * 2**20, used=0)
+    stub.nvmlDeviceGetMigMode = lambda h: [1, 1] if h.i == 0 else [0, 0]
+    stub.c_nvmlGpuInstancePlacement_t = Placement
+    asked: list[int] = []
+
+    def info(h: Handle, profile: int, version: int = 2) -> Any:
+        asked.append(profile)
+        assert h.i == 0  # never asked of a card outside MIG mode
+        if profile == 9:
+            raise NVMLError(NOT_SUPPORTED)
+        if profile not in table:
+            raise NVMLError(INVALID_ARGUMENT)
+        r = table[profile]
+        return types.SimpleNamespace(
+            id=100 + profile,  # NVML's profile id, not the enum index
+            sliceCount=r.slice_count,
+            instanceCount=r.instance_count,
+            multiprocessorCount=r.multiprocessors,
+            memorySizeMB=r.memory_mib,
+            **({"name": f"MIG {r.name}".encode()} if name else {}),
+        )
+
+    def placements(h: Handle, profile_id: int, array: Any, count: Any) -> int:
+        r = table[profile_id - 100]
+        assert count._obj.value >= len(r.placements)
+        for k, (start, size) in enumerate(r.placements):
+            array[k].start, array[k].size = start, size
+        count._obj.value = len(r.placements)
+        return 0
+
+    stub.nvmlDeviceGetGpuInstanceProfileInfo = info
+    stub.nvmlDeviceGetGpuInstancePossiblePlacements = placements
+    stub.asked = asked
+    return stub
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["v2-name", "derived-name"])
+def test_mig_profiles_from_nvml(tmp_path: pathlib.Path, named: bool) -> None:
+    stub = mig_stub(name=named)
+    with mock.patch.object(nvml, "pynvml", stub), mock.patch.object(nvml, "SYSFS_PCI", tmp_path):
+        b = nvml.NvmlBackend()
+        try:
+            gpus = b.gpus()
+            d = discover.discover(collect.inventory(b), discover.RegistrationConfig())
+        finally:
+            b.close()
+    assert gpus[0].mig_enabled is True and gpus[1].mig_enabled is False
+    expected = tuple(r for r in fake.MIG_RECORDS["A100-SXM4-40GB"] if r.profile != 9)
+    assert gpus[0].mig_profiles == expected
+    assert gpus[1].mig_profiles == ()
+    assert sorted(set(stub.asked)) == sorted(backend.MIG_PROFILE_IDS)
+    card = d.devices[0]
+    assert card.is_mig and card.split_count == 7 and card.cores == 100
+    assert [p.name for p in card.mig_profiles] == ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
+    assert [p.cores for p in card.mig_profiles] == [15, 29, 43, 58, 100]
+
+
+def test_mig_profile_query_failing_otherwise_is_an_error(tmp_path: pathlib.Path) -> None:
+    stub = mig_stub()
+    stub.nvmlDeviceGetGpuInstanceProfileInfo = fail(15)  # GPU lost: not a missing profile
+    with mock.patch.object(nvml, "pynvml", stub), mock.patch.object(nvml, "SYSFS_PCI", tmp_path):
+        b = nvml.NvmlBackend()
+        try:
+            with pytest.raises(backend.BackendError) as e:
+                b.gpus()
+        finally:
+            b.close()
     assert e.value.reason == backend.REASON_GPU_LOST

@@ -81,7 +81,9 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, d
     return code, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("shape", ["h100-8", "a100-8-2numa", "t4-4", "a40-2", "l40s-2"])
+@pytest.mark.parametrize(
+    "shape", ["h100-8", "a100-8-2numa", "t4-4", "a40-2", "l40s-2", "h100-8-mig", "a100-80g-4-mixed"]
+)
 def test_once_dry_run(shape: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run_cli(
         ["--once", "--dry-run", "--register", "--node-name", "n1", "--backend", f"fake:{shape}"], capsys
@@ -108,6 +110,31 @@ def test_once_with_split_and_scaling(capsys: pytest.CaptureFixture[str]) -> None
         150,
         "NVIDIA-Tesla T4",
     )  # 15360 x 2; 100 x 1.5
+
+
+def test_once_with_a_mig_allowlist(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--once", "--dry-run", "--register", "--node-name", "n1", "--backend", "fake:a100-80g-4-mixed"]
+    code, out = run_cli(
+        [*argv, "--mig-profiles", "A30=1g.6gb", "--mig-profiles", "A100=1g.10gb, 3g.40gb"], capsys
+    )
+    ann = out["annotations"]
+    assert code == 0 and isinstance(ann, dict)
+    cards = node_inventory.decode_node("n1", ann).devices
+    assert [d.mode for d in cards] == [
+        devices.MODE_MIG,
+        devices.MODE_MIG,
+        devices.MODE_HAMI_CORE,
+        devices.MODE_HAMI_CORE,
+    ]
+    assert [p.name for p in cards[0].mig_profiles] == ["1g.10gb", "3g.40gb"]
+
+
+@pytest.mark.parametrize("spec", ["A100", "A100=", "=1g.5gb", "A100=5gb"])
+def test_bad_mig_allowlist(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    assert cli.main(p.parse_args(["--once", "--dry-run", "--node-name", "n", "--mig-profiles", spec])) == 2
+    assert "mig" in capsys.readouterr().err.lower()
 
 
 def test_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
