@@ -247,3 +247,36 @@ async def test_grpc_allocate_realises_each_containers_instances_in_its_patch(tmp
     assert keys.MIG_ALLOCATIONS not in patches[1]["metadata"]["annotations"]  # nothing new to record
     assert patches[1]["metadata"]["annotations"][keys.BIND_PHASE] == keys.BIND_PHASE_SUCCESS
     assert second.container_responses[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+
+
+async def test_grpc_allocate_fails_a_mig_card_without_a_record(tmp_path: Any) -> None:
+    cards = nodesim.cards(NODE, count=1, memory_mib=40960, mig_cards={0})
+    pod = _api_pod(
+        allocations.PodAllocation(
+            node=NODE, containers=((allocations.DeviceGrant(cards[0].uuid, 4864, 15),),)
+        )
+    )
+    assert keys.MIG_ALLOCATIONS not in pod["metadata"]["annotations"]
+    lock = locks.encode(1_800_000_000.0, "ns", "p")
+    patches: list[dict[str, Any]] = []
+
+    def handle(req: fakeapi.Request) -> fakeapi.Reply:
+        if req.path == f"/api/v1/nodes/{NODE}":
+            return fakeapi.Reply(200, fakeapi.node(NODE, "1", {keys.NODE_LOCK: lock}))
+        if req.path == "/api/v1/namespaces/ns/pods/p":
+            if req.method == "PATCH":
+                patches.append(req.json())
+            return fakeapi.Reply(200, pod)
+        return fakeapi.error(404, "NotFound")
+
+    paths = responses.Paths(hami_dir=str(tmp_path / "vgpu"), dev_dir=str(tmp_path / "dev"))
+    async with fakeapi.serving(handle) as (_api, kube):
+        alloc_ = allocator.Allocator(
+            kube, allocator.Settings(node=NODE, paths=paths), lambda: _inventory(cards)
+        )
+        request = api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[f"{cards[0].uuid}-0"])]
+        )
+        with pytest.raises(allocator.AllocateError, match=allocator.NO_MIG_RECORD):
+            await alloc_.allocate(request)
+    assert [p["metadata"]["annotations"] for p in patches] == [{keys.BIND_PHASE: keys.BIND_PHASE_FAILED}]

@@ -47,6 +47,7 @@ CAS_ATTEMPTS = 5
 """Re-reads of the pod after a lost compare-and-swap before the call fails."""
 DEVICE_NUMBER_NOT_MATCHED = "device number not matched"
 NO_PENDING = "no pending device allocation found"
+NO_MIG_RECORD = "no realised MIG allocation found for pod"
 
 
 class AllocateError(Exception):
@@ -225,17 +226,22 @@ class Allocator:
         """Create the served containers' MIG instances: the records with their runtime identity.
 
         Each planned container gets the MIG UUIDs of its records (in device order); None when
-        nothing changes. Raises ``_Failure`` when the annotation does not decode, or names a card
-        of a served container that this node does not have.
+        nothing changes. Raises ``_Failure`` when the annotation does not decode, names a card of a
+        served container that this node does not have, or a container holds a MIG card without a
+        record (HAMi: ``no realised MIG allocation found for pod``).
         """
+        cards = self._cards().by_uuid()
         value = pod.annotations.get(keys.MIG_ALLOCATIONS, "")
-        if not value:
-            return None
         try:
             records = mig_allocations.decode(value)
         except codec_errors.DecodeError as exc:
             raise _Failure(f"record MIG runtime placement: {exc}") from None
-        cards = self._cards().by_uuid()
+        for p in planned:
+            on_mig = any(g.uuid in cards and cards[g.uuid].registered.is_mig for g in p.container.grants)
+            if on_mig and not any(r.container == p.position for r in records):
+                raise _Failure(f"record MIG runtime placement: {NO_MIG_RECORD}")  # HAMi's error
+        if not records:
+            return None
         slices = migsim.card_slices([c.registered for c in cards.values()])
         served = {p.position for p in planned}
         for r in records:
