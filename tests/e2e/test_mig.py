@@ -102,6 +102,12 @@ def audit_clean(c: Cluster, context: str) -> None:
     chaos_audit.audit(c.cp, extender_url=c.ext.url).assert_clean(context)
 
 
+def smallest(memory_mib: int) -> str:
+    """HAMi's choice of profile: the least memory that holds the request, then fewer compute slices."""
+    fits = [p for p in migsim.A100_40GB if p.memory_mib >= memory_mib]
+    return min(fits, key=lambda p: (p.memory_mib, p.slice_count)).name
+
+
 def free_1g(c: Cluster) -> int:
     """Free ``1g`` placements over every MIG card, from the API (registrations and held records)."""
     nodes, pods = chaos_audit.read(c.cp)
@@ -121,18 +127,20 @@ def free_1g(c: Cluster) -> int:
 def test_mig_pods_through_kube_scheduler_and_a_restart(mig_cluster: Cluster) -> None:
     c = mig_cluster
     ns = c.namespace("mig")
-    # (name, MiB, instances, mode, expected profile or None for a shared card)
+    # (name, MiB, instances, mode, expected profile: the smallest that holds the memory, or None)
     wanted: list[tuple[str, int, int, str | None, str | None]] = [
         ("m-7g", 30000, 1, "mig", "7g.40gb"),
         ("m-3g-a", 15000, 1, "mig", "3g.20gb"),
-        ("m-3g-b", 20096, 1, "mig", "3g.20gb"),
-        ("m-2g", 9000, 1, "mig", "2g.10gb"),
+        ("m-3g-b", PROFILES["3g.20gb"].memory_mib, 1, "mig", "3g.20gb"),
+        ("m-1g10", 9000, 1, "mig", "1g.10gb"),
         ("m-1g", 4000, 1, "mig", "1g.5gb"),
         ("m-pair", 4000, 2, "mig", "1g.5gb"),
         ("core", 5000, 1, "hami-core", None),
-        ("free-a", 3000, 1, None, "?"),
-        ("free-b", 8000, 1, None, "?"),
+        ("free-a", 3000, 1, None, None),
+        ("free-b", 8000, 1, None, None),
     ]
+    for _, mib, _, m, profile in wanted:
+        assert m != "mig" or profile == smallest(mib)
     # Nothing offers 40500 MiB as one instance, though every card, still empty, registers 40960.
     c.create_pod(ns, "too-big", limits(40500), annotations=mode("mig"))
     event = c.wait_event(ns, "too-big", "FailedScheduling", timeout=45)

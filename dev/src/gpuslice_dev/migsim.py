@@ -3,9 +3,10 @@
 Registration: a card in MIG mode registers ``mode: mig``, its ``migProfiles`` (name, memory,
 cores, compute slices, placements), ``devcore`` 100 and a ``count`` equal to the largest instance
 count of its profiles (HAMi ``pkg/device-plugin/nvidiadevice/nvinternal/plugin/register.go``,
-``getAPIDevices`` and ``discoverMigProfiles``). ``A100_40GB`` is the A100-SXM4-40GB's table from
-NVIDIA's MIG user guide (supported profiles and their placements): 8 memory slices, 98
-multiprocessors, 14 per compute slice; ``core`` is HAMi's ``ceil(SMs * 100 / 98)``.
+``getAPIDevices`` and ``discoverMigProfiles``). ``A100_40GB`` is the A100-SXM4-40GB's table of
+the node agent's fake backend (``gpuslice.agent.fake.MIG_PROFILES``, from NVIDIA's MIG user guide
+and ``nvidia-smi mig -lgip``): 8 memory slices, 98 multiprocessors, 14 per compute slice, ``core``
+HAMi's ``ceil(SMs * 100 / 98)``.
 
 Runtime identity: at ``Allocate`` HAMi's device plugin creates each instance of
 ``hami.io/vgpu-mig-allocations`` and patches every record it realised with ``migUUID``,
@@ -29,6 +30,7 @@ from collections.abc import Callable, Container, Sequence
 
 import msgspec
 
+from gpuslice.agent import fake
 from gpuslice.codec import mig_allocations
 from gpuslice.model import devices, mig
 
@@ -37,34 +39,8 @@ A100_40GB_MEMORY_MIB = 40960
 """The card's memory as NVML reports it (what ``devmem`` registers)."""
 A100_40GB_SLICES = 8
 
-A100_40GB: tuple[mig.Profile, ...] = (
-    mig.Profile(
-        name="1g.5gb",
-        memory_mib=4864,
-        cores=15,
-        slice_count=1,
-        placements=tuple(mig.Placement(s, 1) for s in range(7)),
-    ),
-    mig.Profile(
-        name="2g.10gb",
-        memory_mib=9984,
-        cores=29,
-        slice_count=2,
-        placements=tuple(mig.Placement(s, 2) for s in (0, 2, 4)),
-    ),
-    mig.Profile(
-        name="3g.20gb",
-        memory_mib=20096,
-        cores=43,
-        slice_count=3,
-        placements=tuple(mig.Placement(s, 4) for s in (0, 4)),
-    ),
-    mig.Profile(name="4g.20gb", memory_mib=20096, cores=58, slice_count=4, placements=(mig.Placement(0, 4),)),
-    mig.Profile(
-        name="7g.40gb", memory_mib=40192, cores=100, slice_count=7, placements=(mig.Placement(0, 8),)
-    ),
-)
-"""NVIDIA A100-SXM4-40GB GPU-instance profiles (MIG user guide, "A100 MIG Profiles")."""
+A100_40GB: tuple[mig.Profile, ...] = fake.MIG_PROFILES["A100-SXM4-40GB"]
+"""NVIDIA A100-SXM4-40GB GPU-instance profiles as the node agent's fake backend registers them."""
 
 _MIG_NS = uuid.UUID("0b6f6a52-5d2e-4c1e-8f0e-6a3c9f1d2b7a")
 

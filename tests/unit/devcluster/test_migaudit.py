@@ -157,7 +157,8 @@ def test_runtime_identity_partial_missing_and_duplicated() -> None:
 def test_grant_must_equal_the_profile_and_have_a_record() -> None:
     p = pod("p", (grant(A, "3g.20gb", 0),))
     ann = p["metadata"]["annotations"]
-    ann[keys.DEVICES_ALLOCATED] = ann[keys.DEVICES_ALLOCATED].replace(",20096,43", ",20000,43")
+    mib = PROFILES["3g.20gb"].memory_mib
+    ann[keys.DEVICES_ALLOCATED] = ann[keys.DEVICES_ALLOCATED].replace(f",{mib},43", ",20000,43")
     found = migaudit.findings([node()], [p])
     assert any("grant 20000 MiB/43 cores" in f for f in found), found
     bare = pod("bare", (allocations.DeviceGrant(B, 4864, 15),))

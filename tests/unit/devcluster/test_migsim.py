@@ -32,6 +32,7 @@ def test_a100_40gb_table_is_the_mig_user_guides() -> None:
     by_name = {p.name: p for p in migsim.A100_40GB}
     assert {n: [(x.start, x.size) for x in p.placements] for n, p in by_name.items()} == {
         "1g.5gb": [(s, 1) for s in range(7)],
+        "1g.10gb": [(0, 2), (2, 2), (4, 2), (6, 2)],
         "2g.10gb": [(0, 2), (2, 2), (4, 2)],
         "3g.20gb": [(0, 4), (4, 4)],
         "4g.20gb": [(0, 4)],
@@ -39,7 +40,14 @@ def test_a100_40gb_table_is_the_mig_user_guides() -> None:
     }
     for p in migsim.A100_40GB:  # HAMi: ceil(SMs * 100 / full SMs), 14 SMs per compute slice, 98 in all
         assert p.cores == math.ceil(14 * p.slice_count * 100 / 98)
-    assert [p.memory_mib for p in migsim.A100_40GB] == [4864, 9984, 20096, 20096, 40192]
+        assert math.ceil(p.memory_mib / 1024) == int(p.name.split(".")[1].removesuffix("gb"))
+    assert [by_name[n].cores for n in ("1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")] == [
+        15,
+        29,
+        43,
+        58,
+        100,
+    ]
     assert mig.slices_of(migsim.A100_40GB) == migsim.A100_40GB_SLICES == 8
     assert migsim.instance_count(migsim.A100_40GB) == 7
 
