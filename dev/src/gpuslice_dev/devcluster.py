@@ -622,13 +622,15 @@ def cluster(
     real_nodes: int = 0,
     real_machine: str = "t4-4",
     device_plugin: Path | None = None,
+    mig_cards: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """Everything running; yields ``{"control_plane", "extender", "kubeconfig", "sim", "real"}``.
 
     ``real_nodes`` more nodes are real (``devcluster.realnode``: containerd, runc, CNI, kubelet and
     a device plugin, gpuslice's own over the fake NVML library with the ``real_machine`` shape, or
     the executable ``device_plugin``); they need root and the packages ``hack/node/install.sh``
-    installs.
+    installs. The first ``mig_cards`` cards of each fake node are in MIG mode
+    (``nodesim.cards``: the A100-SXM4-40GB's profiles), the others ``hami-core``.
     """
     with contextlib.ExitStack() as stack:
         cp = controlplane.ControlPlane(workdir=workdir)
@@ -659,6 +661,7 @@ def cluster(
                 "count": gpus_per_node,
                 "memory_mib": memory_mib,
                 "numa_nodes": 2,
+                "mig_cards": set(range(mig_cards)),
             }
             for i in range(nodes)
         }
@@ -698,6 +701,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the real nodes' device plugin, an executable (default: gpuslice's own; docs/real-nodes.md)",
     )
+    parser.add_argument(
+        "--mig-cards",
+        type=int,
+        default=0,
+        help="the first N cards of each fake node in MIG mode with the A100-SXM4-40GB's profiles "
+        "(pair with --model 'NVIDIA A100-SXM4-40GB' --memory-mib 40960); the others hami-core",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -718,6 +728,7 @@ def main(args: argparse.Namespace) -> int:
             real_nodes=args.real_nodes,
             real_machine=args.real_machine,
             device_plugin=args.device_plugin,
+            mig_cards=args.mig_cards,
         ) as running:
             cp = running["control_plane"]
             for node in running["real"]:

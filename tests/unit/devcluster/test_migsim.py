@@ -8,6 +8,7 @@ record as realised.
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from gpuslice.codec import keys, locks, mig_allocations, node_inventory, pod_devices, registrations
 from gpuslice.kube import objects
 from gpuslice.model import allocations, devices, mig
-from gpuslice_dev import migsim, nodesim
+from gpuslice_dev import devcluster, migsim, nodesim
 from gpuslice_dev.deviceplugin import allocator, inventory, responses
 from gpuslice_dev.deviceplugin.v1beta1 import api_pb2
 from tests.unit.kube import fakeapi
@@ -288,3 +289,12 @@ async def test_grpc_allocate_fails_a_mig_card_without_a_record(tmp_path: Any) ->
         with pytest.raises(allocator.AllocateError, match=allocator.NO_MIG_RECORD):
             await alloc_.allocate(request)
     assert [p["metadata"]["annotations"] for p in patches] == [{keys.BIND_PHASE: keys.BIND_PHASE_FAILED}]
+
+
+def test_dev_cluster_flag_puts_the_first_cards_in_mig_mode() -> None:
+    parser = argparse.ArgumentParser()
+    devcluster.add_arguments(parser)
+    args = parser.parse_args(["--mig-cards", "2", "--gpus", "4"])
+    assert args.mig_cards == 2 and parser.parse_args([]).mig_cards == 0
+    cards = nodesim.cards("n", count=args.gpus, mig_cards=set(range(args.mig_cards)))
+    assert [c.mode for c in cards] == ["mig", "mig", "hami-core", "hami-core"]
