@@ -207,8 +207,11 @@ def test_mig_pods_through_kube_scheduler_and_a_restart(mig_cluster: Cluster) -> 
         raise AssertionError(f"{exc}\nevents of the late pods: {why}") from None
     (left,) = [p for p in late if p not in bound]
     event = c.wait_event(ns, left, "FailedScheduling", timeout=45)
-    # gpuslice's reasons only (every MIG card full, or no free 1g placement), not kube-scheduler's.
-    assert re.search(r"MigPlacementInfeasible|InsufficientGPUMemory", event["message"]), event["message"]
+    # gpuslice's reasons only (a MIG card's memory, instances or placements all taken; at bind when
+    # a sibling took the last one after filter), not kube-scheduler's.
+    assert re.search(r"MigPlacementInfeasible|InsufficientGPUMemory|GPUSlotsExhausted", event["message"]), (
+        event["message"]
+    )
     assert "nvidia.com/gpu" not in event["message"], event["message"]
     assert len([p for p in late if c.pod(ns, p)["spec"].get("nodeName")]) == free
     assert free_1g(c) == 0
