@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuslice.sim import extra
@@ -25,7 +26,7 @@ from rich.progress import (  # noqa: E402
 
 from gpuslice.framework import registry  # noqa: E402
 from gpuslice.model import config as model_config  # noqa: E402
-from gpuslice.sim import experiment, gangsim, loadscale, replay, report, trace  # noqa: E402
+from gpuslice.sim import experiment, gangsim, loadscale, migsim, replay, report, trace  # noqa: E402
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -76,6 +77,21 @@ def parse_loads(text: str) -> list[float]:
     if not out:
         raise argparse.ArgumentTypeError("no load")
     return out
+
+
+def parse_names(known: tuple[str, ...], what: str) -> Callable[[str], list[str]]:
+    """A parser of comma-separated names among ``known``."""
+
+    def parse(text: str) -> list[str]:
+        out = list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+        bad = [p for p in out if p not in known]
+        if bad or not out:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(bad) or '(none)'}; known: {', '.join(known)}"
+            )
+        return out
+
+    return parse
 
 
 def parse_gang_sizes(text: str) -> tuple[int, int]:
@@ -211,10 +227,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how a gang is placed: the extender's planner (place_all, node by node) or the simulator's "
         "placer member by member, undone when one does not fit (trial: the same placements, faster)",
     )
+    parser.add_argument(
+        "--mig",
+        type=parse_names(migsim.MIXES, "MIG mix"),
+        default=None,
+        help="only the MIG simulation on these request mixes (alibaba, synthetic): cards in MIG mode, "
+        "Poisson arrivals with exponential lifetimes above capacity, HAMi's first fit against the "
+        "fragmentation rule (docs/mig-simulation.md); --seeds, --jobs and --json apply",
+    )
+    parser.add_argument(
+        "--mig-variants",
+        type=parse_names(tuple(migsim.VARIANTS), "MIG variant"),
+        default=list(migsim.VARIANTS),
+        help="--mig: node policy, card policy and MIG rule combinations, the first the baseline "
+        f"(default {','.join(migsim.VARIANTS)})",
+    )
+    parser.add_argument(
+        "--mig-table",
+        choices=tuple(migsim.TABLES),
+        default=migsim.A100_40GB.name,
+        help="--mig: the card model",
+    )
+    parser.add_argument("--mig-nodes", type=int, default=migsim.Spec.nodes, help="--mig: nodes of 8 cards")
+    parser.add_argument(
+        "--mig-load",
+        type=float,
+        default=migsim.Spec.load,
+        help="--mig: offered memory slices over the cluster's slices (default %(default)s)",
+    )
+    parser.add_argument(
+        "--mig-warmup", type=int, default=migsim.Spec.warmup, help="--mig: arrivals before measuring"
+    )
+    parser.add_argument(
+        "--mig-arrivals", type=int, default=migsim.Spec.measured, help="--mig: measured arrivals per run"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the jobs and print JSON or a table."""
+    if args.mig:
+        return _mig(args)
     nodes: Path = args.nodes or trace.data_path(trace.DEFAULT_NODES)
     pods: Path = args.pods or trace.data_path(trace.DEFAULT_PODS)
     console = Console(stderr=args.json)
@@ -328,3 +380,34 @@ def _replay(args: argparse.Namespace, nodes: Path, pods: Path, console: Console)
             )
 
         return replay.run_all(jobs, workers, done)
+
+
+def _mig(args: argparse.Namespace) -> int:
+    """``--mig``: every (mix, variant, seed) run, then a markdown table or JSON records."""
+    if args.mig_nodes < 1 or args.mig_arrivals < 1 or args.mig_warmup < 0 or not args.mig_load > 0:
+        print(
+            "gpuslice simulate: --mig-nodes and --mig-arrivals must be positive, --mig-load > 0",
+            file=sys.stderr,
+        )
+        return 2
+    specs = [
+        migsim.Spec(
+            v,
+            m,
+            s,
+            nodes=args.mig_nodes,
+            load=args.mig_load,
+            warmup=args.mig_warmup,
+            measured=args.mig_arrivals,
+            table=args.mig_table,
+        )
+        for m in args.mig
+        for v in args.mig_variants
+        for s in args.seeds
+    ]
+    results = migsim.run_all(specs, max(1, min(args.jobs, len(specs))))
+    if args.json:
+        print(json.dumps([r.as_json() for r in results]))
+    else:
+        print(migsim.markdown(migsim.summarize(results, args.mig_variants[0]), args.mig_variants[0]))
+    return 0
