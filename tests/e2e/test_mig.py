@@ -10,8 +10,9 @@ Pods ask ``nvidia.com/gpu`` and ``nvidia.com/gpumem`` with ``nvidia.com/vgpu-mod
 ``hami-core`` or no mode; one container asks two instances; one asks more than any profile holds
 and stays Pending with ``MigPlacementInfeasible``. Then the extender is killed and restarted,
 and new pods fill every free ``1g`` placement: exactly as many bind as the API says are free, so
-the restarted extender rebuilt the occupancy from the annotations alone. Every check reads the
-API (``migaudit``, ``gpuaudit``, the chaos audit with the extender's gauges).
+the restarted extender rebuilt the occupancy from the annotations alone (its
+``gpuslice_mig_slices{state="held"}`` equals the slices the API's records hold, before and after).
+Every check reads the API (``migaudit``, ``gpuaudit``, the chaos audit with the extender's gauges).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.codec import keys
 from gpuslice_dev import devcluster, migsim
@@ -108,6 +110,27 @@ def smallest(memory_mib: int) -> str:
     return min(fits, key=lambda p: (p.memory_mib, p.slice_count)).name
 
 
+def held_by_extender(c: Cluster) -> dict[str, int]:
+    """``gpuslice_mig_slices{state="held"}`` per card UUID, as the extender's cache counts it."""
+    out: dict[str, int] = {}
+    for family in text_string_to_metric_families(chaos_audit.scrape(c.ext.url)):
+        for sample in family.samples:
+            if sample.name == "gpuslice_mig_slices" and sample.labels.get("state") == "held":
+                out[sample.labels["uuid"]] = round(sample.value)
+    return out
+
+
+def held_by_api(c: Cluster) -> dict[str, int]:
+    """Slices held per MIG card UUID, from the pods' MIG annotations (0 for an idle card)."""
+    nodes, pods = chaos_audit.read(c.cp)
+    held = migaudit.instances(pods)
+    return {
+        u: sum(x.size for x in held.get(u, []))
+        for u, card in migaudit.cards_of(nodes).items()
+        if card.mode == migaudit.MODE_MIG
+    }
+
+
 def free_1g(c: Cluster) -> int:
     """Free ``1g`` placements over every MIG card, from the API (registrations and held records)."""
     nodes, pods = chaos_audit.read(c.cp)
@@ -183,6 +206,9 @@ def test_mig_pods_through_kube_scheduler_and_a_restart(mig_cluster: Cluster) -> 
 
     # Restart: the extender knows the instances only from the pods' annotations.
     c.ext.restart()
+    expected = held_by_api(c)
+    assert sum(expected.values()) > 0
+    c.wait(lambda: held_by_extender(c) == expected, 30, f"the restarted extender holds {expected} slices")
     free = free_1g(c)
     assert free > 0
     late = [f"late-{i}-{uuidlib.uuid4().hex[:4]}" for i in range(free + 1)]
@@ -216,3 +242,4 @@ def test_mig_pods_through_kube_scheduler_and_a_restart(mig_cluster: Cluster) -> 
     assert len([p for p in late if c.pod(ns, p)["spec"].get("nodeName")]) == free
     assert free_1g(c) == 0
     audit_clean(c, "after the restart and the late binds")
+    c.wait(lambda: held_by_extender(c) == held_by_api(c), 30, "the extender's held slices match the API's")
