@@ -243,3 +243,14 @@ def test_mig_pods_through_kube_scheduler_and_a_restart(mig_cluster: Cluster) -> 
     assert free_1g(c) == 0
     audit_clean(c, "after the restart and the late binds")
     c.wait(lambda: held_by_extender(c) == held_by_api(c), 30, "the extender's held slices match the API's")
+
+    # A departure frees its instance: the 7g's card, emptied, takes a new 7g (the left-over 1g pod
+    # goes first so that it cannot take a slice of the freed card).
+    c.delete_pod(ns, left)
+    (gone,) = records(placed["m-7g"])
+    c.delete_pod(ns, "m-7g")
+    c.wait(lambda: held_by_extender(c).get(gone["gpuUUID"]) == 0, 30, "the 7g's slices released")
+    c.create_pod(ns, "again-7g", limits(30000), annotations=mode("mig"))
+    (again,) = records(wait_allocated(c, ns, "again-7g"))
+    assert (again["gpuUUID"], again["profile"]) == (gone["gpuUUID"], "7g.40gb")
+    audit_clean(c, "after a departure and a new 7g")
