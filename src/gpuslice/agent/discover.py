@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import msgspec
 
 from gpuslice.agent import backend, bandwidth, collect
-from gpuslice.model import devices, mig, nodes, topology
+from gpuslice.model import devices, mig, migcatalog, nodes, topology
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,13 +250,8 @@ def discover(
     )
 
 
-def profile_cores(multiprocessors: int, full: int) -> int:
-    """A profile's cores: its share of the largest profile's multiprocessors in percent, rounded up.
-
-    HAMi's ``discoverMigProfiles`` (``pkg/device-plugin/nvidiadevice/nvinternal/plugin/register.go``);
-    0 when no profile reports multiprocessors.
-    """
-    return -(-multiprocessors * 100 // full) if full > 0 else 0
+profile_cores = migcatalog.cores
+"""A profile's cores, HAMi's rule (``model.migcatalog.cores``)."""
 
 
 def mig_profiles(records: tuple[backend.MigProfileRecord, ...]) -> tuple[mig.Profile, ...]:

@@ -23,14 +23,7 @@ Shapes (``fake:<name>`` on the command line):
 * ``none``: a node where NVML works but sees no GPU.
 
 MIG profiles (``MIG_RECORDS`` as NVML describes them, ``MIG_PROFILES`` as they are registered)
-follow NVIDIA's Multi-Instance GPU User Guide, "Supported MIG Profiles"
-(https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html): names,
-instance counts and placements in memory slices (8 on A100/H100/H200, 4 on A30). The guide gives
-memory and multiprocessors only as fractions; the MiB (``memorySizeMB``) and SM counts here are
-what ``nvidia-smi mig -lgip`` lists for the A100 40GB/80GB and H100 80GB (GiB x 1024; the A100
-values agree with NVIDIA's go-nvml mock), while the H200 and A30 memory figures are estimates
-(the H100's per-slice share scaled to the H200's 143771 MiB, the A30's slices a quarter of 24 GB)
-that reproduce the guide's names. Drivers differ by a few MiB; nothing here was read from a card.
+come from ``model.migcatalog`` (NVIDIA's Multi-Instance GPU User Guide, with its sources).
 
 Links and PCIe as NVML reports them on such machines: NVLink 4.0 (``nvmlNvlinkVersion_t`` 6) on
 H100, 3.0 (4) on the A40 bridge; PCIe Gen5 x16 on H100 SXM5, Gen4 x16 on A100 PCIe, A40 and L40S,
@@ -48,7 +41,7 @@ import threading
 import msgspec
 
 from gpuslice.agent import backend, discover
-from gpuslice.model import mig
+from gpuslice.model import mig, migcatalog
 
 _CHIPSET_NOT_SUPPORTED = 1
 _IOH_TOPOLOGY_NOT_SUPPORTED = 3
@@ -274,75 +267,22 @@ def _l40s_2() -> Shape:
     )
 
 
-_P1, _P2, _P3, _P4, _P7, _P1_DOUBLE = 0, 1, 2, 3, 4, 9  # NVML_GPU_INSTANCE_PROFILE_* indices
-
-
-def _profile(
-    profile: int, name: str, memory_mib: int, sms: int, starts: range, size: int
-) -> backend.MigProfileRecord:
-    return backend.MigProfileRecord(
-        profile=profile,
-        name=name,
-        slice_count=int(name.partition("g")[0]),
-        instance_count=len(starts),
-        multiprocessors=sms,
-        memory_mib=memory_mib,
-        placements=tuple((start, size) for start in starts),
-    )
-
-
-def _eight_slices(
-    names: tuple[str, str, str, str, str, str], memory: tuple[int, int, int, int], sms: tuple[int, ...]
-) -> tuple[backend.MigProfileRecord, ...]:
-    """A100/H100/H200: 1g, 1g with two memory slices, 2g, 3g, 4g, 7g.
-
-    Args:
-        names: the six profile names in that order.
-        memory: MiB of one, two, four and eight memory slices' worth (1g, 2g, 3g/4g, 7g).
-        sms: multiprocessors of 1g, the double-memory 1g, 2g, 3g, 4g and 7g.
-    """
-    one, two, four, eight = memory
-    return (
-        _profile(_P1, names[0], one, sms[0], range(0, 7), 1),
-        _profile(_P1_DOUBLE, names[1], two, sms[1], range(0, 8, 2), 2),
-        _profile(_P2, names[2], two, sms[2], range(0, 6, 2), 2),
-        _profile(_P3, names[3], four, sms[3], range(0, 8, 4), 4),
-        _profile(_P4, names[4], four, sms[4], range(0, 1), 4),
-        _profile(_P7, names[5], eight, sms[5], range(0, 1), 8),
-    )
-
-
-_A100_SMS = (14, 14, 28, 42, 56, 98)
-_H100_SMS = (16, 26, 32, 60, 64, 132)
-
 MIG_RECORDS: dict[str, tuple[backend.MigProfileRecord, ...]] = {
-    "A100-SXM4-40GB": _eight_slices(
-        ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
-        (4864, 9856, 19968, 40192),
-        _A100_SMS,
-    ),
-    "A100-SXM4-80GB": _eight_slices(
-        ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-        (9856, 19968, 40192, 80384),
-        _A100_SMS,
-    ),
-    "H100-SXM5-80GB": _eight_slices(
-        ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-        (9984, 20096, 40448, 81152),
-        _H100_SMS,
-    ),
-    "H200": _eight_slices(
-        ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
-        (17536, 35328, 71296, 142976),
-        _H100_SMS,
-    ),
-    "A30-24GB": (
-        _profile(_P1, "1g.6gb", 5952, 14, range(0, 4), 1),
-        _profile(_P2, "2g.12gb", 12160, 28, range(0, 4, 2), 2),
-        _profile(_P4, "4g.24gb", 24320, 56, range(0, 1), 4),
-    ),
+    product: tuple(
+        backend.MigProfileRecord(
+            profile=r.profile,
+            name=r.name,
+            slice_count=r.slice_count,
+            instance_count=len(r.starts),
+            multiprocessors=r.multiprocessors,
+            memory_mib=r.memory_mib,
+            placements=tuple((start, r.size) for start in r.starts),
+        )
+        for r in rows
+    )
+    for product, rows in migcatalog.ROWS.items()
 }
-"""GPU-instance profiles per product (the guide's product names), as NVML reports them."""
+"""GPU-instance profiles per product (``model.migcatalog``), as NVML records them."""
 
 MIG_PROFILES: dict[str, tuple[mig.Profile, ...]] = {
     model: discover.mig_profiles(records) for model, records in MIG_RECORDS.items()
@@ -350,23 +290,8 @@ MIG_PROFILES: dict[str, tuple[mig.Profile, ...]] = {
 """The same profiles as the agent registers them (``migProfiles``): cores are HAMi's
 ``ceil(SMs x 100 / the largest profile's SMs)``."""
 
-NVML_NAMES = {
-    "A100-SXM4-40GB": "NVIDIA A100-SXM4-40GB",
-    "A100-SXM4-80GB": "NVIDIA A100-SXM4-80GB",
-    "H100-SXM5-80GB": "NVIDIA H100 80GB HBM3",
-    "H200": "NVIDIA H200",
-    "A30-24GB": "NVIDIA A30",
-}
-"""The name NVML gives each product (what the registration's ``type`` is made from)."""
-
-MEMORY_MIB = {
-    "A100-SXM4-40GB": 40960,
-    "A100-SXM4-80GB": 81920,
-    "H100-SXM5-80GB": 81559,
-    "H200": 143771,
-    "A30-24GB": 24576,
-}
-"""Total memory NVML reports for each product (MiB)."""
+NVML_NAMES = migcatalog.NVML_NAMES
+MEMORY_MIB = migcatalog.MEMORY_MIB
 
 
 def _with_mig(machine: Shape, name: str, model: str, cards: range) -> Shape:

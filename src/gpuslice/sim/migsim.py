@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from gpuslice.framework import registry
-from gpuslice.model import allocations, devices, mig, nodes, requests
+from gpuslice.model import allocations, devices, mig, migcatalog, nodes, requests
 from gpuslice.policy import api, batch
 from gpuslice.policy import mig as migs
 from gpuslice.sim import experiment, trace
@@ -68,47 +68,21 @@ class Table:
         return min(ok, key=lambda p: (p.memory_mib, p.slice_count))
 
 
-def _profile(
-    name: str, memory_mib: int, cores: int, slices: int, size: int, starts: Sequence[int]
-) -> mig.Profile:
-    return mig.Profile(
-        name=name,
-        memory_mib=memory_mib,
-        cores=cores,
-        slice_count=slices,
-        placements=tuple(mig.Placement(s, size) for s in starts),
-    )
-
-
 A100_40GB = Table(
     "a100-40gb",
-    "NVIDIA A100-SXM4-40GB",
-    40960,
-    (
-        _profile("1g.5gb", 4864, 15, 1, 1, range(7)),
-        _profile("2g.10gb", 9984, 29, 2, 2, (0, 2, 4)),
-        _profile("3g.20gb", 20096, 43, 3, 4, (0, 4)),
-        _profile("4g.20gb", 20096, 58, 4, 4, (0,)),
-        _profile("7g.40gb", 40192, 100, 7, 8, (0,)),
-    ),
+    migcatalog.NVML_NAMES["A100-SXM4-40GB"],
+    migcatalog.MEMORY_MIB["A100-SXM4-40GB"],
+    migcatalog.profiles("A100-SXM4-40GB", plain=True),
 )
-"""A100-SXM4-40GB: NVIDIA's MIG user guide, profile placements as NVML reports them."""
+"""A100-SXM4-40GB with the profiles HAMi's device plugin creates (``model.migcatalog``)."""
 
 H100_80GB = Table(
     "h100-80gb",
-    "NVIDIA H100-80GB",
-    81559,
-    (
-        _profile("1g.10gb", 9984, 15, 1, 1, range(7)),
-        _profile("1g.20gb", 20096, 15, 1, 2, (0, 2, 4, 6)),
-        _profile("2g.20gb", 20096, 29, 2, 2, (0, 2, 4)),
-        _profile("3g.40gb", 40320, 43, 3, 4, (0, 4)),
-        _profile("4g.40gb", 40320, 58, 4, 4, (0,)),
-        _profile("7g.80gb", 80768, 100, 7, 8, (0,)),
-    ),
+    migcatalog.NVML_NAMES["H100-SXM5-80GB"],
+    migcatalog.MEMORY_MIB["H100-SXM5-80GB"],
+    migcatalog.profiles("H100-SXM5-80GB"),
 )
-"""An H100-80GB-like table: the A100's layout plus ``1g.20gb`` (one compute slice, two memory
-slices); memory sizes rounded from NVIDIA's MIG user guide."""
+"""H100-SXM5-80GB with every profile, ``1g.20gb`` (one compute slice, two memory slices) too."""
 
 TABLES: Mapping[str, Table] = {t.name: t for t in (A100_40GB, H100_80GB)}
 

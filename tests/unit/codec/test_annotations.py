@@ -17,7 +17,7 @@ from gpuslice.codec import (
     telemetry,
     topology,
 )
-from gpuslice.model import allocations, devices, nodes
+from gpuslice.model import allocations, devices, mig, nodes
 from gpuslice.model import topology as model_topology
 
 pytestmark = pytest.mark.unit
@@ -48,9 +48,30 @@ def test_registration_json_tolerates_nulls_unknown_keys_and_mig_profiles() -> No
         '"health":true,"devicevendor":"NVIDIA"}]'
     )
     (card,) = registrations.decode(value)
+    profile = mig.Profile(name="1g.10gb", memory_mib=10000, cores=14, slice_count=1, placements=())
     assert card == devices.GpuDevice(
-        uuid="GPU-m", split_count=7, memory_mib=40000, type="NVIDIA A100", mode="mig", health=True
+        uuid="GPU-m",
+        split_count=7,
+        memory_mib=40000,
+        type="NVIDIA A100",
+        mode="mig",
+        health=True,
+        mig_profiles=(profile,),
     )
+
+
+@pytest.mark.parametrize(
+    ("placement", "field"),
+    [
+        ('{"start":-1,"size":1}', "[0].migProfiles[0].placements[0].start"),
+        ('{"start":0,"size":4294967296}', "[0].migProfiles[0].placements[0].size"),
+    ],
+)
+def test_registration_mig_placement_errors_name_the_field(placement: str, field: str) -> None:
+    value = f'[{{"id":"GPU-m","mode":"mig","migProfiles":[{{"name":"1g.5gb","placements":[{placement}]}}]}}]'
+    with pytest.raises(errors.DecodeError) as info:
+        registrations.decode(value)
+    assert (info.value.annotation, info.value.field) == (keys.NODE_REGISTER, field)
 
 
 @pytest.mark.parametrize(
