@@ -31,6 +31,11 @@ has enough, tried in ascending id) and ``INSUFFICIENT_GPU_COUNT`` otherwise. The
 
 The second attempt on the emptied node runs only for failures, so it costs nothing on success.
 
+Cards in MIG mode (docs/mig.md) are judged by ``cards.mig_reason`` and give GPU instances
+(``policy.mig``, by ``Context.mig_rule``): a container takes shared cards when enough of them pass
+and MIG instances otherwise, several of which may share a card; a request for more cards than
+the node has is then no ``INSUFFICIENT_GPU_COUNT`` (HAMi's ``isMIGRequest``).
+
 A pod's ``hami.io/gpu-topology-requirement`` (``requests.TopologyRequirement``, docs/topology.md)
 restricts each container asking for two or more cards to a set whose every pair qualifies
 (``linkreq``). It is a filter on card *sets*: the card policy's favourite set of all eligible
@@ -197,6 +202,64 @@ def _attempt(
     )
 
 
+class _Scan(NamedTuple):
+    """One container's card checks on a node: the cards that pass, and why the others fail.
+
+    Attributes:
+        shared: eligible cards not in MIG mode.
+        rejected: reason -> cards, of the cards not in MIG mode.
+        costs: per eligible shared card, what it adds to the namespace's charge (with a quota).
+        mig: eligible cards in MIG mode (a serving profile has a free placement).
+        mig_rejected: reason -> cards, of the cards in MIG mode.
+    """
+
+    shared: list[int]
+    rejected: dict[str, int]
+    costs: dict[int, tuple[int, int, int]]
+    mig: list[int]
+    mig_rejected: dict[str, int]
+
+
+def _scan(
+    state: nodes.NodeState,
+    req: requests.ContainerRequest,
+    sel: requests.Selectors,
+    charge: _Charge | None,
+    kind: int,
+    idle_only: bool,
+) -> _Scan:
+    """Every card of the node against one container (``cards`` on shared, ``cards.mig_reason`` on MIG)."""
+    inv = state.inventory
+    usage = state.usage
+    cores = req.cores_clamped
+    exclusive = req.exclusive
+    cordoned = inv.cordoned
+    out = _Scan([], {}, {}, [], {})
+    fixed = (
+        req.memory_mib
+        if req.memory_mib > 0 or req.memory_percentage == requests.MEMORY_PERCENTAGE_UNSET
+        else None
+    )
+    for i, dev in enumerate(inv.devices):
+        memory = fixed if fixed is not None else req.memory_on(dev.memory_mib)
+        reason = cards.static_reason(dev, cordoned, sel)
+        if dev.is_mig:
+            reason = reason or cards.mig_reason(dev, usage[i], memory, cores, idle_only)
+            if reason is None:
+                out.mig.append(i)
+            else:
+                out.mig_rejected[reason] = out.mig_rejected.get(reason, 0) + 1
+            continue
+        reason = reason or cards.capacity_reason(dev, usage[i], memory, cores, exclusive, idle_only)
+        if reason is None:
+            out.shared.append(i)
+            if charge is not None:
+                out.costs[i] = charge.cost(i, kind, memory, cores)
+        else:
+            out.rejected[reason] = out.rejected.get(reason, 0) + 1
+    return out
+
+
 def _fit_container(
     state: nodes.NodeState,
     req: requests.ContainerRequest,
@@ -209,48 +272,16 @@ def _fit_container(
     idle_only: bool,
     link: requests.TopologyRequirement | None = None,
 ) -> allocations.ContainerAllocation | _Fail:
-    inv = state.inventory
-    devs = inv.devices
-    usage = state.usage
+    devs = state.inventory.devices
     cores = req.cores_clamped
-    exclusive = req.exclusive
-    cordoned = inv.cordoned
-    eligible: list[int] = []
-    rejected: dict[str, int] = {}
-    fixed = (
-        req.memory_mib
-        if req.memory_mib > 0 or req.memory_percentage == requests.MEMORY_PERCENTAGE_UNSET
-        else None
-    )
     so_far = None if quota is None or charge is None else quota.plus(*charge.totals)
-    costs: dict[int, tuple[int, int, int]] = {}
-    mig_ok: list[int] = []
-    mig_rejected: dict[str, int] = {}
-    for i, dev in enumerate(devs):
-        memory = fixed if fixed is not None else req.memory_on(dev.memory_mib)
-        if dev.is_mig:
-            reason = cards.static_reason(dev, cordoned, sel) or cards.mig_reason(
-                dev, usage[i], memory, cores, idle_only
-            )
-            if reason is None:
-                mig_ok.append(i)
-            else:
-                mig_rejected[reason] = mig_rejected.get(reason, 0) + 1
-            continue
-        reason = cards.static_reason(dev, cordoned, sel) or cards.capacity_reason(
-            dev, usage[i], memory, cores, exclusive, idle_only
-        )
-        if reason is None:
-            eligible.append(i)
-            if charge is not None:
-                costs[i] = charge.cost(i, kind, memory, cores)
-        else:
-            rejected[reason] = rejected.get(reason, 0) + 1
-    if mig_ok or mig_rejected:
+    scan = _scan(state, req, sel, charge, kind, idle_only)
+    eligible, rejected, costs = scan.shared, scan.rejected, scan.costs
+    if scan.mig or scan.mig_rejected:
         # Shared cards serve the container when enough of them can; MIG instances otherwise.
-        if len(eligible) < req.count and mig_ok:
-            return _fit_mig(state, req, sel, policy, ctx, so_far, charge, kind, tuple(mig_ok), rejected)
-        for r, n in mig_rejected.items():
+        if len(eligible) < req.count and scan.mig:
+            return _fit_mig(state, req, sel, policy, ctx, so_far, charge, kind, tuple(scan.mig), rejected)
+        for r, n in scan.mig_rejected.items():
             rejected[r] = rejected.get(r, 0) + n
     if so_far is not None:
         eligible = _within_quota(so_far, eligible, costs, req.count, rejected)
