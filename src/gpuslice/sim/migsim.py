@@ -180,6 +180,7 @@ class Variant:
     card_policy: str
     mig_rule: str
     learns: bool
+    ideal: bool = False
 
 
 VARIANTS: Mapping[str, Variant] = {
@@ -188,6 +189,7 @@ VARIANTS: Mapping[str, Variant] = {
         Variant("hami", "binpack", "spread", migs.FIRST_FIT, False),
         Variant("hami-binpack", "binpack", "binpack", migs.FIRST_FIT, False),
         Variant("gpuslice", "binpack", "spread", migs.FRAGMENTATION, True),
+        Variant("ideal", "", "", "", False, ideal=True),
     )
 }
 """``hami``: HAMi v2.10's defaults; ``gpuslice``: the extender's defaults with the fragmentation rule."""
@@ -384,7 +386,82 @@ def place(
 
 def run(spec: Spec) -> Result:
     """Simulate one spec (deterministic per seed)."""
+    if VARIANTS[spec.variant].ideal:
+        return simulate_ideal(spec)
     return simulate(spec)[0]
+
+
+def simulate_ideal(spec: Spec) -> Result:
+    """A reference without MIG's alignment, to bound what a placement rule can gain.
+
+    A card takes an instance whenever it has that many free slices (best fit: the card with the
+    fewest free slices that still holds it). Not a scheduler: no placement table realises it.
+    Stranded slices are 0 by construction.
+    """
+    table = TABLES[spec.table]
+    mix = mix_of(spec.mix, table)
+    cards = spec.nodes * spec.cards
+    capacity = cards * table.slices
+    total = spec.warmup + spec.measured
+    arr = arrivals(mix, table, capacity, spec.load, total, spec.seed)
+    sizes = [table.serving(kind.memory_mib).size for kind in mix.kinds]
+    free = [table.slices] * cards
+    departures: list[tuple[float, int, tuple[int, ...], int]] = []
+    used = accepted = rejected = offered = got = 0
+    free_sum = util_sum = 0.0
+    kind_arrived = [0] * len(mix.kinds)
+    kind_accepted = [0] * len(mix.kinds)
+    start = time.perf_counter()
+    for a in range(total):
+        now = float(arr.times[a])
+        while departures and departures[0][0] <= now:
+            _, _, held, size = heapq.heappop(departures)
+            for c in held:
+                free[c] += size
+            used -= size * len(held)
+        k = int(arr.kinds[a])
+        size, count = sizes[k], mix.kinds[k].count
+        held_now: list[int] = []
+        for _ in range(count):
+            fits = [c for c in range(cards) if free[c] >= size]
+            if not fits:
+                break
+            c = min(fits, key=lambda x: (free[x], x))
+            free[c] -= size
+            held_now.append(c)
+        placed = len(held_now) == count
+        if not placed:
+            for c in held_now:
+                free[c] += size
+        measured = a >= spec.warmup
+        if measured:
+            util_sum += used / capacity
+            offered += size * count
+            kind_arrived[k] += 1
+        if placed:
+            used += size * count
+            heapq.heappush(departures, (now + float(arr.lifetimes[a]), a, tuple(held_now), size))
+            if measured:
+                accepted += 1
+                got += size * count
+                kind_accepted[k] += 1
+        elif measured:
+            rejected += 1
+            free_sum += sum(free)
+    return Result(
+        spec,
+        spec.measured,
+        accepted,
+        rejected,
+        offered,
+        got,
+        0.0,
+        0.0,
+        free_sum / max(1, rejected),
+        util_sum / max(1, spec.measured),
+        time.perf_counter() - start,
+        tuple(zip(kind_arrived, kind_accepted, strict=True)),
+    )
 
 
 def simulate(spec: Spec) -> tuple[Result, dict[str, nodes.NodeState]]:
