@@ -38,6 +38,11 @@
  *     nvlink LINK BUS TYPE VERSION        an active link: far end's bus id, gpu|ibmnpu|switch|
  *                                         unknown|-, nvmlNvlinkVersion_t or -; links below the
  *                                         highest one given are inactive, those above invalid
+ *     mig-profile INDEX ID NAME SLICES SMS MIB SIZE@START,START,...
+ *                                         a GPU-instance profile of a card in MIG mode:
+ *                                         NVML_GPU_INSTANCE_PROFILE_* INDEX, the profile's ID,
+ *                                         name (without "MIG "), compute slices, SMs, memory and
+ *                                         its possible placements (instance count = their number)
  *   pair A B LEVEL READ WRITE             common ancestor (nvmlGpuTopologyLevel_t) and P2P
  *                                         read/write status of cards A and B, each a number or -
  *   event DEVICE|- KIND DATA AFTER_MS     queued for nvmlEventSetWait AFTER_MS after the event
@@ -128,6 +133,25 @@ typedef struct {
     unsigned int computeInstanceId;
 } nvmlEventData_t;
 
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} nvmlGpuInstancePlacement_t;
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96]; /* NVML_DEVICE_NAME_V2_BUFFER_SIZE */
+} nvmlGpuInstanceProfileInfo_v2_t;
+
 #define NVML_TEMPERATURE_GPU 0u
 #define NVML_AFFINITY_SCOPE_SOCKET 1u
 #define NVML_P2P_CAPS_INDEX_READ 0u
@@ -156,6 +180,15 @@ typedef struct {
 #define MAX_NUMA_NODE 1023
 #define MAX_MEMORY_MIB (1ull << 40)
 #define WAIT_STEP_MS 10
+#define MAX_MIG_PROFILES 16
+#define MAX_PLACEMENTS 8
+
+struct mig_profile {
+    unsigned int index, id, slices, sms, size, count;
+    unsigned long long memory_mib;
+    char name[TEXT_SIZE - 4]; /* NVML's name is "MIG " and this */
+    unsigned int starts[MAX_PLACEMENTS];
+};
 
 typedef struct {
     int supported;
@@ -186,6 +219,8 @@ struct nvmlDevice_st {
     unsigned long long event_types;
     unsigned int link_count; /* highest declared link + 1; 0 = no NVLink */
     struct link links[MAX_LINKS];
+    unsigned int mig_profile_count;
+    struct mig_profile mig_profiles[MAX_MIG_PROFILES];
 };
 
 struct pair {
@@ -467,6 +502,55 @@ static int parse_event(struct parser *p, char **tok, int ntok)
     return 0;
 }
 
+/* mig-profile INDEX ID NAME SLICES SMS MIB SIZE@START,START,... */
+static int parse_mig_profile(struct parser *p, char **tok, int ntok)
+{
+    struct nvmlDevice_st *d = p->current;
+    struct mig_profile *m;
+    unsigned long long index, id, slices, sms, mib, size, start;
+    char buf[MAX_LINE], *at, *item, *save = NULL;
+    if (d == NULL)
+        return fail(p, "'mig-profile' before any 'device' line");
+    if (want_args(p, "mig-profile", ntok, 7) != 0)
+        return -1;
+    if (d->mig_profile_count >= MAX_MIG_PROFILES)
+        return fail(p, "more than %d MIG profiles on one device", MAX_MIG_PROFILES);
+    m = &d->mig_profiles[d->mig_profile_count];
+    if (parse_uint(p, "mig-profile index", tok[1], 63, &index) || parse_uint(p, "mig-profile id", tok[2], UINT_MAX, &id) ||
+        parse_text(p, "mig-profile name", tok[3], m->name, TEXT_SIZE - 4) ||
+        parse_uint(p, "mig-profile slices", tok[4], 8, &slices) || parse_uint(p, "mig-profile sms", tok[5], UINT_MAX, &sms) ||
+        parse_uint(p, "mig-profile memory", tok[6], MAX_MEMORY_MIB, &mib))
+        return -1;
+    for (unsigned int k = 0; k < d->mig_profile_count; k++)
+        if (d->mig_profiles[k].index == index || d->mig_profiles[k].id == id)
+            return fail(p, "mig-profile %llu (id %llu) given twice for this device", index, id);
+    strcpy(buf, tok[7]);
+    at = strchr(buf, '@');
+    if (at == NULL)
+        return fail(p, "mig-profile placements: expected SIZE@START,START,...");
+    *at = '\0';
+    if (parse_uint(p, "mig-profile size", buf, 8, &size) != 0 || size == 0)
+        return size == 0 ? fail(p, "mig-profile size must be 1 to 8") : -1;
+    m->count = 0;
+    for (item = strtok_r(at + 1, ",", &save); item != NULL; item = strtok_r(NULL, ",", &save)) {
+        if (m->count >= MAX_PLACEMENTS)
+            return fail(p, "more than %d placements of one MIG profile", MAX_PLACEMENTS);
+        if (parse_uint(p, "mig-profile start", item, 7, &start) != 0)
+            return -1;
+        m->starts[m->count++] = (unsigned int)start;
+    }
+    if (m->count == 0)
+        return fail(p, "mig-profile without a placement");
+    m->index = (unsigned int)index;
+    m->id = (unsigned int)id;
+    m->slices = (unsigned int)slices;
+    m->sms = (unsigned int)sms;
+    m->memory_mib = mib;
+    m->size = (unsigned int)size;
+    d->mig_profile_count++;
+    return 0;
+}
+
 static int parse_device_line(struct parser *p, char **tok, int ntok)
 {
     unsigned long long index;
@@ -508,6 +592,8 @@ static int parse_tokens(struct parser *p, char **tok, int ntok, const char *rest
         return parse_pair(p, tok, ntok);
     if (strcmp(k, "event") == 0)
         return parse_event(p, tok, ntok);
+    if (strcmp(k, "mig-profile") == 0)
+        return parse_mig_profile(p, tok, ntok);
     if (strcmp(k, "name") == 0) {
         if (device_attr(p, k, A_NAME) != 0)
             return -1;
@@ -954,6 +1040,98 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode
         *pendingMode = mode;
     }
     return rc;
+}
+
+/* The MIG profile of a card in MIG mode, by NVML_GPU_INSTANCE_PROFILE_* index or by its id. */
+static nvmlReturn_t mig_profile_of(nvmlDevice_t device, unsigned int key, int by_id, const struct mig_profile **out)
+{
+    const struct nvmlDevice_st *d = card(device);
+    if (d == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->mig.supported || d->mig.value == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int k = 0; k < d->mig_profile_count; k++) {
+        const struct mig_profile *m = &d->mig_profiles[k];
+        if ((by_id ? m->id : m->index) == key) {
+            *out = m;
+            return NVML_SUCCESS;
+        }
+    }
+    return by_id ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile, nvmlGpuInstanceProfileInfo_t *info)
+{
+    const struct mig_profile *m;
+    nvmlReturn_t rc = lock_initialized();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (info == NULL)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    rc = mig_profile_of(device, profile, 0, &m);
+    if (rc != NVML_SUCCESS)
+        return done(rc);
+    memset(info, 0, sizeof *info);
+    info->id = m->id;
+    info->sliceCount = m->slices;
+    info->instanceCount = m->count;
+    info->multiprocessorCount = m->sms;
+    info->memorySizeMB = m->memory_mib;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile, nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    const struct mig_profile *m;
+    nvmlReturn_t rc = lock_initialized();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (info == NULL)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    rc = mig_profile_of(device, profile, 0, &m);
+    if (rc != NVML_SUCCESS)
+        return done(rc);
+    {
+        unsigned int version = info->version;
+        memset(info, 0, sizeof *info);
+        info->version = version;
+    }
+    info->id = m->id;
+    info->sliceCount = m->slices;
+    info->instanceCount = m->count;
+    info->multiprocessorCount = m->sms;
+    info->memorySizeMB = m->memory_mib;
+    memcpy(info->name, "MIG ", 4); /* the name parsed is shorter than TEXT_SIZE - 4 */
+    memcpy(info->name + 4, m->name, strlen(m->name) + 1);
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, unsigned int profileId,
+                                                           nvmlGpuInstancePlacement_t *placements, unsigned int *count)
+{
+    const struct mig_profile *m;
+    nvmlReturn_t rc = lock_initialized();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (count == NULL)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    rc = mig_profile_of(device, profileId, 1, &m);
+    if (rc != NVML_SUCCESS)
+        return done(rc);
+    if (placements == NULL) { /* the size query */
+        *count = m->count;
+        return done(NVML_SUCCESS);
+    }
+    if (*count < m->count) {
+        *count = m->count;
+        return done(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (unsigned int k = 0; k < m->count; k++) {
+        placements[k].start = m->starts[k];
+        placements[k].size = m->size;
+    }
+    *count = m->count;
+    return done(NVML_SUCCESS);
 }
 
 nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *v)

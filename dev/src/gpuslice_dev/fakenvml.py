@@ -106,6 +106,38 @@ class GpuShape(Protocol):
     def architecture(self) -> int | None:
         """``nvmlDeviceArchitecture_t``."""
 
+    @property
+    def mig_profiles(self) -> Sequence[MigProfileShape]:
+        """GPU-instance profiles of a card in MIG mode (empty otherwise)."""
+
+
+class MigProfileShape(Protocol):
+    """One GPU-instance profile (``agent.backend.MigProfileRecord`` is one)."""
+
+    @property
+    def profile(self) -> int:
+        """``NVML_GPU_INSTANCE_PROFILE_*`` index."""
+
+    @property
+    def name(self) -> str:
+        """Profile name without the ``MIG`` prefix."""
+
+    @property
+    def slice_count(self) -> int:
+        """Compute slices."""
+
+    @property
+    def multiprocessors(self) -> int:
+        """SMs of one instance."""
+
+    @property
+    def memory_mib(self) -> int:
+        """Memory of one instance."""
+
+    @property
+    def placements(self) -> Sequence[tuple[int, int]]:
+        """``(start, size)`` per possible placement."""
+
 
 class LinkShape(Protocol):
     """One active NVLink (``agent.backend.NvLinkRecord`` is one)."""
@@ -276,7 +308,32 @@ def _gpu_lines(g: GpuShape, t: TelemetryShape, links: Sequence[LinkShape]) -> li
         seen.add(link.link)
         remote = _bus(link.remote_bus_id, f"{where}: NVLink {link.link} remote bus id")
         lines.append(f"nvlink {link.link} {remote} {_LINK_TYPES[link.remote_type]} {_opt(link.version)}")
+    lines.extend(_mig_lines(where, g.mig_profiles))
     return lines
+
+
+_GI_PROFILE_IDS = {0: 19, 9: 15, 1: 14, 2: 9, 3: 5, 4: 0}
+"""A GPU-instance profile's id as an A100 reports it, by ``NVML_GPU_INSTANCE_PROFILE_*`` index; the
+id (not the index) is what ``nvmlDeviceGetGpuInstancePossiblePlacements`` takes."""
+
+
+def _mig_lines(where: str, profiles: Sequence[MigProfileShape]) -> list[str]:
+    """``mig-profile`` lines; the library answers the profile and placement calls from them."""
+    out: list[str] = []
+    for p in profiles:
+        sizes = {size for _, size in p.placements}
+        if not p.placements or len(sizes) != 1 or not all(0 <= s <= 7 for s, _ in p.placements):
+            raise ValueError(
+                f"{where}: MIG profile {p.name!r}: placements {p.placements} are not one size at 0..7"
+            )
+        starts = ",".join(str(s) for s, _ in p.placements)
+        pid = _GI_PROFILE_IDS.get(p.profile, 32 + p.profile)
+        name = _token(p.name, f"{where}: MIG profile name")
+        out.append(
+            f"mig-profile {p.profile} {pid} {name} {p.slice_count} {p.multiprocessors} {p.memory_mib} "
+            f"{sizes.pop()}@{starts}"
+        )
+    return out
 
 
 def _pair_value(value: int | None, allowed: Iterable[int], what: str) -> str:

@@ -92,10 +92,10 @@ class MigProfileRecord(msgspec.Struct, frozen=True, kw_only=True):
     placements: tuple[tuple[int, int], ...] = ()
 
 
-MIG_PROFILE_IDS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 9)
-"""The GPU-instance profiles the agent reads: ``NVML_GPU_INSTANCE_PROFILE_1_SLICE`` (0), 2 (1),
-3 (2), 4 (3), 7 (4), 8 (5) and 6 (6) slices, and ``1_SLICE_REV2`` (9), the 1g profile with two
-memory slices (``1g.20gb`` on an 80 GB card). Media-extension variants (``+me``: ``1_SLICE_REV1``,
+MIG_PROFILE_IDS: tuple[int, ...] = (0, 9, 1, 2, 3, 6, 4, 5)
+"""The GPU-instance profiles the agent reads, smallest first: ``NVML_GPU_INSTANCE_PROFILE_1_SLICE``
+(0), ``1_SLICE_REV2`` (9, the 1g profile with two memory slices: ``1g.20gb`` on an 80 GB card),
+then 2 (1), 3 (2), 4 (3), 6 (6), 7 (4) and 8 (5) slices. Media-extension variants (``+me``: ``1_SLICE_REV1``,
 ``2_SLICE_REV1``, ``*_ALL_ME``, ``*_NO_ME``) and graphics variants (``*_GFX``) occupy the same
 slices as their plain profile and are not published."""
 
