@@ -181,6 +181,12 @@ class Variant:
     mig_rule: str
     learns: bool
     ideal: bool = False
+    lowest: bool = False
+
+    @property
+    def reference(self) -> bool:
+        """A reference the simulator computes itself, not the extender's placement code."""
+        return self.ideal or self.lowest
 
 
 VARIANTS: Mapping[str, Variant] = {
@@ -190,9 +196,15 @@ VARIANTS: Mapping[str, Variant] = {
         Variant("hami-binpack", "binpack", "binpack", migs.FIRST_FIT, False),
         Variant("gpuslice", "binpack", "spread", migs.FRAGMENTATION, True),
         Variant("ideal", "", "", "", False, ideal=True),
+        Variant("lowest-first", "", "", "", False, lowest=True),
     )
 }
-"""``hami``: HAMi v2.10's defaults; ``gpuslice``: the extender's defaults with the fragmentation rule."""
+"""``hami``: HAMi v2.10's defaults; ``gpuslice``: the extender's defaults with the fragmentation rule.
+
+Two references no scheduler ships: ``ideal`` ignores alignment (``simulate_ideal``) and
+``lowest-first`` is textbook first fit (``simulate_lowest``), the kind of baseline fragmentation
+studies compare against, to tell what HAMi's own placement order already gains.
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,10 +355,16 @@ def may_fit(state: nodes.NodeState, kind: Kind) -> bool:
 
 def stranded(state: nodes.NodeState, wanted: tuple[tuple[int, float], ...]) -> tuple[int, float, int]:
     """(free slices no wanted profile can cover, the same weighted by demand, free slices) on a node."""
+    return _stranded_cards(state.inventory.devices, _taken(state), wanted)
+
+
+def _stranded_cards(
+    devs: Sequence[devices.GpuDevice], takens: Sequence[int], wanted: tuple[tuple[int, float], ...]
+) -> tuple[int, float, int]:
     strict = 0
     weighted = 0.0
     free_total = 0
-    for dev, taken in zip(state.inventory.devices, _taken(state), strict=True):
+    for dev, taken in zip(devs, takens, strict=True):
         free = ((1 << mig.slices_of(dev.mig_profiles)) - 1) & ~taken
         covered = 0
         for k, _ in wanted:
@@ -388,7 +406,99 @@ def run(spec: Spec) -> Result:
     """Simulate one spec (deterministic per seed)."""
     if VARIANTS[spec.variant].ideal:
         return simulate_ideal(spec)
+    if VARIANTS[spec.variant].lowest:
+        return simulate_lowest(spec)
     return simulate(spec)[0]
+
+
+def lowest_free(dev: devices.GpuDevice, taken: int, memory_mib: int) -> mig.Slice | None:
+    """Textbook first fit on one card: the smallest serving profile's free placement of lowest start."""
+    for k in migs.candidates(dev, memory_mib):
+        prof = dev.mig_profiles[k]
+        for pl in sorted(prof.placements, key=lambda p: p.start):
+            if not _mask(pl) & taken:
+                return mig.Slice(pl.start, pl.size, prof.name)
+    return None
+
+
+def simulate_lowest(spec: Spec) -> Result:
+    """Textbook first fit, a reference (not a scheduler gpuslice ships).
+
+    Cards go in node then index order; each instance takes the first card with a free placement
+    of the smallest serving profile, at the lowest free start.
+    HAMi's order differs in two ways: it tries ``1g`` and ``3g`` placements from the top, and
+    its nodes and cards come from its policies (``hami``: binpack nodes, spread cards).
+    """
+    table = TABLES[spec.table]
+    mix = mix_of(spec.mix, table)
+    devs = [d for j in range(spec.nodes) for d in inventory(f"node-{j:03d}", spec.cards, table).devices]
+    capacity = len(devs) * table.slices
+    total = spec.warmup + spec.measured
+    arr = arrivals(mix, table, capacity, spec.load, total, spec.seed)
+    sizes = [kind.count * table.serving(kind.memory_mib).size for kind in mix.kinds]
+    wanted = migs.demand(devs[0], mix.workload(table))
+    taken = [0] * len(devs)
+    departures: list[tuple[float, int, tuple[tuple[int, int], ...]]] = []
+    used = accepted = rejected = offered = got = 0
+    stranded_sum = weighted_sum = free_sum = util_sum = 0.0
+    kind_arrived = [0] * len(mix.kinds)
+    kind_accepted = [0] * len(mix.kinds)
+    start = time.perf_counter()
+    for a in range(total):
+        now = float(arr.times[a])
+        while departures and departures[0][0] <= now:
+            _, _, held = heapq.heappop(departures)
+            for c, m in held:
+                taken[c] &= ~m
+                used -= m.bit_count()
+        k = int(arr.kinds[a])
+        kind = mix.kinds[k]
+        held_now: list[tuple[int, int]] = []
+        for _ in range(kind.count):
+            for c, dev in enumerate(devs):
+                got_slice = lowest_free(dev, taken[c], kind.memory_mib)
+                if got_slice is not None:
+                    m = _mask(mig.Placement(got_slice.start, got_slice.size))
+                    taken[c] |= m
+                    held_now.append((c, m))
+                    break
+            else:
+                break
+        placed = len(held_now) == kind.count
+        if not placed:
+            for c, m in held_now:
+                taken[c] &= ~m
+        measured = a >= spec.warmup
+        if measured:
+            util_sum += used / capacity
+            offered += sizes[k]
+            kind_arrived[k] += 1
+        if placed:
+            used += sum(m.bit_count() for _, m in held_now)
+            heapq.heappush(departures, (now + float(arr.lifetimes[a]), a, tuple(held_now)))
+            if measured:
+                accepted += 1
+                got += sizes[k]
+                kind_accepted[k] += 1
+        elif measured:
+            rejected += 1
+            si, wi, fi = _stranded_cards(devs, taken, wanted)
+            stranded_sum, weighted_sum, free_sum = stranded_sum + si, weighted_sum + wi, free_sum + fi
+    per = max(1, rejected)
+    return Result(
+        spec,
+        spec.measured,
+        accepted,
+        rejected,
+        offered,
+        got,
+        stranded_sum / per,
+        weighted_sum / per,
+        free_sum / per,
+        util_sum / max(1, spec.measured),
+        time.perf_counter() - start,
+        tuple(zip(kind_arrived, kind_accepted, strict=True)),
+    )
 
 
 def simulate_ideal(spec: Spec) -> Result:

@@ -129,3 +129,16 @@ def test_unknown_policy_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["simulate", "--policy", "nope"])
     assert "unknown policy" in capsys.readouterr().err
+
+
+def test_mig_runs_every_variant_on_the_same_arrivals(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run(
+        capsys, "simulate", "--mig", "synthetic", "--seeds", "1", "--mig-nodes", "2",
+        "--mig-arrivals", "100", "--mig-warmup", "10", "--json", "--jobs", "1",
+    )  # fmt: skip
+    assert code == 0
+    records = json.loads(out)
+    assert [r["variant"] for r in records] == ["hami", "hami-binpack", "gpuslice", "ideal", "lowest-first"]
+    for r in records:
+        assert r["accepted"] + r["rejected"] == r["arrivals"] == 100, r
+        assert [a for a, _ in r["by_kind"]] == [a for a, _ in records[0]["by_kind"]]  # same arrivals

@@ -36,7 +36,7 @@ def test_same_seed_same_run(variant: str) -> None:
 
 
 @pytest.mark.parametrize("mix", migsim.MIXES)
-@pytest.mark.parametrize("variant", [v for v, spec in migsim.VARIANTS.items() if not spec.ideal])
+@pytest.mark.parametrize("variant", [v for v, spec in migsim.VARIANTS.items() if not spec.reference])
 def test_counts_add_up_and_slices_never_overlap(mix: str, variant: str) -> None:
     spec = _small(variant, mix, 7, load=1.5)
     r, states = migsim.simulate(spec)
@@ -152,3 +152,29 @@ def test_ideal_reference_counts_add_up_and_bounds_slices(mix: str) -> None:
     assert 0.0 < r.utilization <= 1.0
     assert r.stranded == r.stranded_weighted == 0.0
     assert _figures(migsim.run(spec)) == _figures(r)
+
+
+@pytest.mark.parametrize("mix", migsim.MIXES)
+def test_lowest_first_reference_counts_add_up(mix: str) -> None:
+    """Textbook first fit: consistent counts, stranding bounded by the free slices, deterministic."""
+    spec = _small("lowest-first", mix, 7, load=1.5)
+    r = migsim.run(spec)
+    assert r.accepted + r.rejected == r.arrivals == spec.measured
+    assert sum(c for _, c in r.by_kind) == r.accepted
+    assert 0 < r.accepted_slices <= r.offered_slices
+    assert r.rejected > 0
+    assert 0.0 <= r.stranded <= r.free and 0.0 <= r.stranded_weighted <= r.free
+    assert 0.0 < r.utilization <= 1.0
+    assert _figures(migsim.run(spec)) == _figures(r)
+
+
+def test_lowest_first_takes_the_lowest_free_start_where_hami_takes_the_top() -> None:
+    dev = migsim.inventory("n", 1, TABLE).devices[0]
+    one_g = min(p.memory_mib for p in TABLE.profiles)
+    assert migsim.lowest_free(dev, 0, one_g) == mig.Slice(0, 1, "1g.5gb")
+    assert migs.first_fit(dev, 0, one_g) == mig.Slice(6, 1, "1g.5gb")
+    # Slices 0-3 taken: the 1g goes to 4, and a 3g.20gb to its placement at 4.
+    assert migsim.lowest_free(dev, 0b1111, one_g) == mig.Slice(4, 1, "1g.5gb")
+    three_g = next(p for p in TABLE.profiles if p.name == "3g.20gb")
+    assert migsim.lowest_free(dev, 0b1111, three_g.memory_mib) == mig.Slice(4, 4, "3g.20gb")
+    assert migsim.lowest_free(dev, 0b1111111, one_g) is None
